@@ -1,0 +1,28 @@
+# `make train` and `make test` are the two commands a new user runs; both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup train test lint clean
+
+setup: $(STAMP)
+
+# Re-installs only when the pins change.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev]'
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) main.py --config=configs/smoke_cpu.py --workdir=runs/smoke --cpu_devices=8
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: lint
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf runs build *.egg-info

@@ -1,0 +1,85 @@
+"""Every config key, with its default and a one-line meaning. Other configs import and change it.
+
+Values only: no logic. A key that is not defined here is an error (the config is locked).
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # One seed for init, dropout and data order.
+  c.experiment = "lm"  # Module name under experiments/: what is trained (model, loss, data).
+  c.steps = 100  # Optimizer steps to train.
+  c.global_batch_size = 32  # Examples per optimizer step, over all processes.
+  c.microbatches = 1  # Gradient-accumulation steps per optimizer step (sums accumulate, divide once).
+  c.log_every = 10  # Write a metrics row and a progress line every N steps.
+  c.eval_every = 0  # Evaluate on the held-out split every N steps (0: only at the end).
+  c.eval_steps = 2  # Batches per evaluation.
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # Data-parallel axis size within a host; -1: all remaining devices.
+  c.mesh.fsdp = 1  # Fully-sharded data-parallel axis size within a host.
+  c.mesh.tensor = 1  # Tensor-parallel axis size within a host.
+  c.mesh.dcn_data = 1  # Data-parallel axis size across hosts or slices (outer, slow links).
+  c.mesh.dcn_fsdp = 1  # FSDP axis size across hosts or slices.
+
+  c.sharding = ml_collections.ConfigDict()
+  # Logical axis -> mesh axes. Model code names only logical axes; this table decides placement.
+  # Weights: embed, mlp, heads, kv, vocab. Activations: batch, act_seq, act_embed, act_heads, ...
+  c.sharding.rules = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("vocab", "tensor"),
+    ("norm", None),
+    ("act_seq", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv", None),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+  )
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "synthetic"  # 'synthetic' (seeded Markov chain with a known loss floor) or 'arrayrecord'.
+  c.data.num_examples = 1_000_000  # Training records per epoch (synthetic: how many to generate).
+  c.data.eval_examples = 1_024  # Held-out records, disjoint from the training records.
+  c.data.seq_len = 64  # Tokens per example the model sees (records hold seq_len + 1).
+  c.data.vocab_size = 64  # Synthetic: vocabulary of the Markov chain.
+  c.data.markov_concentration = 0.1  # Synthetic: Dirichlet concentration of each row; lower = lower entropy.
+  c.data.path = ""  # arrayrecord: directory written by `python -m data.prepare`.
+  c.data.read_threads = 2  # Host threads that prepare batches ahead of the device.
+  c.data.prefetch = 2  # Batches prepared ahead of the one being trained on.
+
+  c.model = ml_collections.ConfigDict()
+  c.model.vocab_size = 64  # Must be >= the data's vocabulary.
+  c.model.embed_dim = 64  # Width of the residual stream.
+  c.model.num_layers = 2  # Decoder blocks.
+  c.model.num_heads = 4  # Attention heads; head_dim = embed_dim // num_heads.
+  c.model.mlp_dim = 256  # Hidden width of the SwiGLU MLP.
+  c.model.rope_base = 10_000.0  # RoPE frequency base.
+  c.model.compute_dtype = "float32"  # Activations and matmuls: 'float32' or 'bfloat16'. Params stay float32.
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "adamw"  # Only adamw for now.
+  c.optimizer.learning_rate = 3e-3  # Peak learning rate.
+  c.optimizer.warmup_steps = 20  # Linear warm-up from 0 to the peak.
+  c.optimizer.schedule = "cosine"  # After warm-up: 'cosine' (to end_factor * peak) or 'constant'.
+  c.optimizer.end_factor = 0.1  # Final learning rate as a fraction of the peak.
+  c.optimizer.b1 = 0.9  # Adam beta1.
+  c.optimizer.b2 = 0.95  # Adam beta2.
+  c.optimizer.weight_decay = 0.1  # Decoupled weight decay on matrices (not on norms or biases).
+  c.optimizer.grad_clip_norm = 1.0  # Clip the global gradient norm to this (0: no clipping).
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 50  # Save every N steps (and always at the end).
+  c.checkpoint.keep = 3  # How many recent checkpoints to keep.
+
+  c.watchdog = ml_collections.ConfigDict()
+  c.watchdog.startup_timeout_s = 600.0  # Start-up incl. first compile longer than this ends the job.
+  c.watchdog.step_timeout_s = 300.0  # A step, barrier or save longer than this ends the job.
+
+  return c

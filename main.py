@@ -1,0 +1,59 @@
+"""Train, evaluate, inspect or verify an experiment described by an ml_collections config.
+
+  python main.py --config=configs/smoke_cpu.py --workdir=runs/smoke --cpu_devices=8
+
+The only file that defines flags. Mistakes a user can make end with one `error:` line.
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/smoke_cpu.py[:ARG].")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, summary.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "inspect", "verify"], "What to do.")
+_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "Run on N logical CPU devices.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the job.")
+
+
+def _fail(msg: str) -> None:
+  print(f"error: {msg}", file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def _parse_flags(argv):
+  """absl's parser, with its errors (unknown or misspelt config keys among them) as `error:` lines."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    _fail(str(e).splitlines()[0] if str(e) else repr(e))
+  except Exception as e:  # A config file that fails to load or sets an unknown key.
+    _fail(f"{type(e).__name__}: {e}".splitlines()[0])
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(f"unexpected arguments {argv[1:]}")
+  if _CONFIG.value is None or not _WORKDIR.value:
+    _fail("--config and --workdir are required")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
+  from trainer.errors import UserError
+
+  try:
+    from trainer import runtime
+
+    runtime.configure_cpu_devices(_CPU_DEVICES.value)
+    runtime.join_job(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    from trainer.run import run
+
+    run(_CONFIG.value, _WORKDIR.value, _MODE.value)
+  except UserError as e:
+    _fail(str(e))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=_parse_flags)

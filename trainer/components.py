@@ -1,0 +1,105 @@
+"""Builds and validates everything a mode needs from the config: mesh, experiment, data, optimizer,
+model definition and shardings. Mistakes in the config become UserErrors here, before any compile."""
+
+import dataclasses
+import functools
+import importlib
+from types import ModuleType
+
+import jax
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from data.pipeline import BatchPlan
+from data.sources import DataSources
+from trainer import mesh as mesh_lib
+from trainer import state as state_lib
+from trainer.errors import UserError
+from trainer.optimizer import make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Components:
+  mesh: Mesh
+  rules: tuple
+  experiment: ModuleType
+  sources: DataSources
+  plan: BatchPlan  # Train order.
+  eval_plan: BatchPlan  # Held-out order (not shuffled).
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  mdef: state_lib.ModelDef
+  shardings: state_lib.TrainState  # NamedSharding per leaf.
+  batch_sharding: NamedSharding
+
+
+def load_experiment(name: str) -> ModuleType:
+  try:
+    module = importlib.import_module(f"experiments.{name}")
+  except ModuleNotFoundError as e:
+    if e.name != f"experiments.{name}":
+      raise
+    raise UserError(f"experiment={name!r}: no module experiments/{name}.py") from None
+  for fn in ("build_model", "loss_sums", "data_sources"):
+    if not hasattr(module, fn):
+      raise UserError(f"experiments/{name}.py must define {fn}()")
+  return module
+
+
+def _rules(config) -> tuple:
+  rules = tuple((name, tuple(a) if isinstance(a, list) else a) for name, a in config.sharding.rules)
+  for name, axes in rules:
+    for axis in (axes,) if isinstance(axes, str) else axes or ():
+      if axis not in mesh_lib.AXES:
+        raise UserError(f"sharding.rules: {name!r} -> {axis!r} is not a mesh axis {mesh_lib.AXES}")
+  return rules
+
+
+def build(config, devices=None) -> Components:
+  if config.steps < 1:
+    raise UserError(f"steps={config.steps}: must be at least 1")
+  if config.microbatches < 1:
+    raise UserError(f"microbatches={config.microbatches}: must be at least 1")
+  mesh = mesh_lib.make_mesh(config.mesh, devices)
+  rules = _rules(config)
+  dp = mesh_lib.data_parallel_size(mesh, rules)
+  b, m = config.global_batch_size, config.microbatches
+  if b < 1 or b % (dp * m):
+    raise UserError(
+      f"global_batch_size={b} must be divisible by the data-parallel size {dp} "
+      f"(batch axes of mesh {dict(mesh.shape)}) times microbatches={m}"
+    )
+  experiment = load_experiment(config.experiment)
+  sources = experiment.data_sources(config)
+  if len(sources.train) == 0:
+    raise UserError("the training source has no records: every batch would be empty")
+  if len(sources.eval) == 0 and config.eval_steps > 0:
+    raise UserError("the held-out source has no records; set data.eval_examples or eval_steps=0")
+  tx, schedule = make_optimizer(config.optimizer, config.steps)
+  try:
+    mdef = state_lib.model_def(functools.partial(experiment.build_model, config))
+  except ValueError as e:
+    raise UserError(f"model: {e}") from None
+  try:
+    shardings = state_lib.state_shardings(mdef, tx, mesh, rules)
+  except ValueError as e:
+    raise UserError(str(e)) from None
+  return Components(
+    mesh=mesh,
+    rules=rules,
+    experiment=experiment,
+    sources=sources,
+    plan=BatchPlan(len(sources.train), b, config.seed),
+    eval_plan=BatchPlan(max(len(sources.eval), 1), b, config.seed, shuffle=False),
+    tx=tx,
+    schedule=schedule,
+    mdef=mdef,
+    shardings=shardings,
+    batch_sharding=mesh_lib.batch_sharding(mesh, rules),
+  )
+
+
+def abstract_batch(comp: Components, seq_len: int) -> dict:
+  b = comp.plan.global_batch_size
+  sds = lambda dtype: jax.ShapeDtypeStruct((b, seq_len), dtype, sharding=comp.batch_sharding)
+  return {"inputs": sds("int32"), "targets": sds("int32"), "weights": sds("float32")}

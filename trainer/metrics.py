@@ -1,0 +1,84 @@
+"""Where numbers go: metrics.jsonl and TensorBoard (process 0), processes/process_I.jsonl (every
+process), and the console progress line."""
+
+import json
+import os
+
+import jax
+import numpy as np
+
+
+def device_label(devices=None) -> str:
+  """'8 x cpu (logical CPU devices ...)' or '8 x NVIDIA H200': every report says which it is."""
+  devices = jax.devices() if devices is None else devices
+  kind = devices[0].device_kind
+  if devices[0].platform == "cpu":
+    return f"{len(devices)} x cpu (logical CPU devices: timings say nothing about a real interconnect)"
+  return f"{len(devices)} x {kind}"
+
+
+def _jsonable(v):
+  if isinstance(v, np.generic | np.ndarray | jax.Array):
+    return np.asarray(v).item()
+  return v
+
+
+def truncate_jsonl(path: str, after_step: int) -> None:
+  """Drops rows past `after_step`: they came from steps a resumed run will train again."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    rows = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= after_step]
+  with open(path, "w") as f:
+    f.writelines(rows)
+
+
+class MetricsLog:
+  def __init__(self, workdir: str, resume_step: int):
+    self.is_main = jax.process_index() == 0
+    proc_dir = os.path.join(workdir, "processes")
+    os.makedirs(proc_dir, exist_ok=True)
+    self._process_path = os.path.join(proc_dir, f"process_{jax.process_index()}.jsonl")
+    truncate_jsonl(self._process_path, resume_step)
+    self._process = open(self._process_path, "a")
+    self._metrics = self._tb = None
+    if self.is_main:
+      from tensorboardX import SummaryWriter
+
+      path = os.path.join(workdir, "metrics.jsonl")
+      truncate_jsonl(path, resume_step)
+      self._metrics = open(path, "a")
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, row: dict) -> None:
+    """One metrics row (process 0 writes; the others ignore it)."""
+    if not self.is_main:
+      return
+    row = {k: _jsonable(v) for k, v in row.items()}
+    self._metrics.write(json.dumps(row) + "\n")
+    self._metrics.flush()
+    for k, v in row.items():
+      if k not in ("step", "time") and isinstance(v, int | float):
+        self._tb.add_scalar(k, v, row["step"])
+
+  def write_process(self, row: dict) -> None:
+    self._process.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+    self._process.flush()
+
+  def close(self) -> None:
+    self._process.close()
+    if self.is_main:
+      self._metrics.close()
+      self._tb.close()
+
+
+def console(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+def progress_line(step: int, total: int, loss: float, tokens_per_s: float, eta_s: float) -> str:
+  return (
+    f"step {step}/{total}  loss {loss:.4f}  tokens/s {tokens_per_s:,.0f}  "
+    f"eta {int(eta_s) // 60}m{int(eta_s) % 60:02d}s"
+  )

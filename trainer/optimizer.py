@@ -1,0 +1,38 @@
+"""optax AdamW with linear warm-up, cosine (or constant) decay and global-norm clipping."""
+
+import jax
+import optax
+
+from trainer.errors import UserError
+
+
+def make_schedule(opt, steps: int) -> optax.Schedule:
+  warmup = min(opt.warmup_steps, steps)
+  if opt.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+      init_value=0.0,
+      peak_value=opt.learning_rate,
+      warmup_steps=warmup,
+      decay_steps=max(steps, warmup + 1),
+      end_value=opt.learning_rate * opt.end_factor,
+    )
+  if opt.schedule == "constant":
+    return optax.join_schedules(
+      [
+        optax.linear_schedule(0.0, opt.learning_rate, warmup),
+        optax.constant_schedule(opt.learning_rate),
+      ],
+      [warmup],
+    )
+  raise UserError(f"optimizer.schedule={opt.schedule!r}: use 'cosine' or 'constant'")
+
+
+def make_optimizer(opt, steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  if opt.name != "adamw":
+    raise UserError(f"optimizer.name={opt.name!r}: only 'adamw' is available")
+  schedule = make_schedule(opt, steps)
+  # Decay matrices only: norms' scales (rank 1) keep their value.
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
+  adamw = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay, mask=decay_mask)
+  clip = optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm > 0 else optax.identity()
+  return optax.chain(clip, adamw), schedule

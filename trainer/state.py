@@ -1,0 +1,92 @@
+"""The train state and its sharded initialization.
+
+The model lives as (graphdef, params): params is a plain nested dict of arrays so the jitted step
+is a pure function of the state (no object-graph walk per call) and checkpoints are plain trees.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh
+
+from trainer import mesh as mesh_lib
+
+
+@struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: optimizer steps taken; also the index of the next global batch.
+  params: Any  # Nested dict of arrays, sharded by the logical rules.
+  opt_state: Any  # optax state; mirrors params' shardings leaf for leaf.
+  rng: jax.Array  # uint32[2] base key; the step's key is fold_in(rng, step).
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDef:
+  """What turns params back into a model, plus each parameter's logical axis names."""
+
+  graphdef: Any
+  abstract_state: Any  # nnx.State of ShapeDtypeStructs, for merging a pure dict back.
+  logical_specs: Any  # Nested dict like params: PartitionSpec of logical axis names.
+
+  def merge(self, params) -> nnx.Module:
+    state = jax.tree.map(lambda x: x, self.abstract_state)  # A fresh copy to fill in.
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(self.graphdef, state)
+
+
+def model_def(build_model) -> ModelDef:
+  """Traces the model abstractly: no parameter memory is allocated anywhere."""
+  with nnx.use_eager_sharding(False):
+    abstract = nnx.eval_shape(lambda: build_model(nnx.Rngs(0)))
+  graphdef, abstract_state = nnx.split(abstract)
+  specs = nnx.to_pure_dict(nnx.get_partition_spec(abstract_state))
+  return ModelDef(graphdef, abstract_state, specs)
+
+
+def state_shardings(mdef: ModelDef, tx: optax.GradientTransformation, mesh: Mesh, rules):
+  """Explicit shardings for every leaf of the TrainState: optimizer moments follow their param."""
+  param_sh = mesh_lib.tree_shardings(mesh, mdef.logical_specs, rules)
+  abstract_params = nnx.to_pure_dict(mdef.abstract_state)
+  abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  repl = mesh_lib.replicated(mesh)
+  opt_sh = optax.tree_map_params(
+    tx, lambda _, sh: sh, abstract_opt, param_sh, transform_non_params=lambda _: repl
+  )
+  return TrainState(step=repl, params=param_sh, opt_state=opt_sh, rng=repl)
+
+
+def init_state(build_model, mdef: ModelDef, tx, shardings: TrainState, seed: int) -> TrainState:
+  """Initializes params and optimizer state directly into their shards (jit with out_shardings)."""
+
+  def init():
+    with nnx.use_eager_sharding(False):
+      model = build_model(nnx.Rngs(params=seed))
+    params = nnx.to_pure_dict(nnx.state(model))
+    return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      rng=jax.random.fold_in(jax.random.PRNGKey(seed), 1),
+    )
+
+  return jax.jit(init, out_shardings=shardings)()
+
+
+def abstract_state(shardings: TrainState, mdef: ModelDef, tx) -> TrainState:
+  """ShapeDtypeStructs with shardings: the restore target for Orbax on any mesh."""
+  abstract_params = nnx.to_pure_dict(mdef.abstract_state)
+  shapes = TrainState(
+    step=jax.ShapeDtypeStruct((), jnp.int32),
+    params=abstract_params,
+    opt_state=jax.eval_shape(tx.init, abstract_params),
+    rng=jax.ShapeDtypeStruct((2,), jnp.uint32),
+  )
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def param_count(params) -> int:
+  return sum(x.size for x in jax.tree.leaves(params))

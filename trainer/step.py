@@ -1,0 +1,74 @@
+"""The jitted train and eval steps.
+
+Invariant 1 lives here: the experiment returns (loss_sum, valid_count, metric sums) over the
+global batch; microbatches add sums and counts; the gradient of the sum is divided by the global
+count once. No local mean is ever taken, so padding and empty shards do not move the objective.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from trainer.state import ModelDef, TrainState
+
+
+def _sums_and_grads(loss_sums, mdef: ModelDef, params, batch, rules):
+  def f(p):
+    with nnx.logical_axis_rules(rules):
+      loss_sum, count, metric_sums = loss_sums(mdef.merge(p), batch)
+    return loss_sum, (count, metric_sums)
+
+  (loss_sum, (count, metric_sums)), grad_sums = jax.value_and_grad(f, has_aux=True)(params)
+  return loss_sum, count, metric_sums, grad_sums
+
+
+def _split_microbatches(batch, m: int):
+  """[B, ...] -> [m, B/m, ...] with microbatch i = rows i, i+m, ...: every shard keeps rows in all."""
+  return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1), batch)
+
+
+def make_train_step(
+  loss_sums, mdef: ModelDef, tx, schedule, shardings, batch_sharding, rules, microbatches: int
+):
+  def train_step(state: TrainState, batch):
+    grads_of = lambda mb: _sums_and_grads(loss_sums, mdef, state.params, mb, rules)
+    if microbatches == 1:
+      loss_sum, count, metric_sums, grad_sums = grads_of(batch)
+    else:
+      micro = _split_microbatches(batch, microbatches)
+      first = jax.tree.map(lambda x: x[0], micro)
+      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grads_of, first))
+      add = lambda carry, mb: (jax.tree.map(jnp.add, carry, grads_of(mb)), None)
+      (loss_sum, count, metric_sums, grad_sums), _ = jax.lax.scan(add, zeros, micro)
+    # Divide once, by the global count (the host has rejected a globally empty batch).
+    grads = jax.tree.map(lambda g: g / count, grad_sums)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {
+      "loss": loss_sum / count,
+      "valid_tokens": count,
+      "grad_norm": optax.global_norm(grads),
+      "learning_rate": schedule(state.step),
+      **{k: v / count for k, v in metric_sums.items()},
+    }
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+  return jax.jit(
+    train_step,
+    in_shardings=(shardings, batch_sharding),
+    out_shardings=(shardings, None),
+    donate_argnums=0,
+  )
+
+
+def make_eval_step(loss_sums, mdef: ModelDef, param_shardings, batch_sharding, rules):
+  """Returns sums and counts; the caller adds them over eval batches and divides once."""
+
+  def eval_step(params, batch):
+    with nnx.logical_axis_rules(rules):
+      loss_sum, count, metric_sums = loss_sums(mdef.merge(params), batch)
+    return {"loss": loss_sum, "count": count, **metric_sums}
+
+  return jax.jit(eval_step, in_shardings=(param_shardings, batch_sharding))

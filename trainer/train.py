@@ -1,0 +1,181 @@
+"""The training loop: one function, read top to bottom."""
+
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from data import pipeline
+from trainer import checkpointing, components
+from trainer import state as state_lib
+from trainer.errors import UserError
+from trainer.metrics import MetricsLog, console, device_label, progress_line
+from trainer.step import make_eval_step, make_train_step
+
+
+def evaluate(comp: components.Components, eval_step, params, config) -> dict:
+  """Held-out loss over `eval_steps` batches: sums and counts added up, divided once."""
+  rows = pipeline.process_rows(comp.batch_sharding, comp.plan.global_batch_size)
+  local = pipeline.LocalBatches(comp.sources.eval, comp.eval_plan, rows, config.data.seq_len)
+  totals = None
+  for t in range(config.eval_steps):
+    batch = pipeline.to_global(local(t), comp.batch_sharding, comp.plan.global_batch_size)
+    with jax.set_mesh(comp.mesh):
+      sums = eval_step(params, batch)
+    totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
+  totals = jax.device_get(totals)
+  count = float(totals.pop("count"))
+  return {f"eval_{k}": float(v) / count for k, v in totals.items()}
+
+
+def train(config, workdir: str) -> dict:
+  """Trains `config.steps` steps in `workdir`, resuming from its newest checkpoint; returns summary."""
+  t_start = time.time()
+  os.makedirs(workdir, exist_ok=True)
+
+  # --- Setup: mesh, experiment, data order, optimizer, shardings (config errors surface here).
+  comp = components.build(config)
+  b, seq_len = config.global_batch_size, config.data.seq_len
+  console(f"devices: {device_label()}; mesh {dict(comp.mesh.shape)}")
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json(indent=2))
+
+  # --- State: the newest complete checkpoint, else a fresh sharded init.
+  manager = checkpointing.make_manager(workdir, config.checkpoint.keep)
+  latest = manager.latest_step()
+  if latest is None:
+    state = state_lib.init_state(
+      lambda rngs: comp.experiment.build_model(config, rngs),
+      comp.mdef,
+      comp.tx,
+      comp.shardings,
+      config.seed,
+    )
+  else:
+    target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
+    state, position = checkpointing.restore(manager, latest, target)
+    if position["next_batch"] != latest:
+      raise UserError(f"checkpoint {latest} holds data position {position}; it does not match")
+    console(f"resumed from checkpoint {latest}")
+  start = int(state.step)
+  console(f"params: {state_lib.param_count(state.params):,}; steps {start} -> {config.steps}")
+
+  # --- Compile ahead of time, so compile time is measured apart from step time.
+  t0 = time.time()
+  batch_spec = components.abstract_batch(comp, seq_len)
+  train_step = make_train_step(
+    comp.experiment.loss_sums,
+    comp.mdef,
+    comp.tx,
+    comp.schedule,
+    comp.shardings,
+    comp.batch_sharding,
+    comp.rules,
+    config.microbatches,
+  )
+  eval_step = make_eval_step(
+    comp.experiment.loss_sums, comp.mdef, comp.shardings.params, comp.batch_sharding, comp.rules
+  )
+  with jax.set_mesh(comp.mesh):
+    train_step = train_step.lower(state, batch_spec).compile()
+  compile_s = time.time() - t0
+
+  # --- The loop. Batches for steps [start, steps) are prepared ahead by Grain reader threads.
+  log = MetricsLog(workdir, resume_step=start)
+  rows = pipeline.process_rows(comp.batch_sharding, b)
+  local_batches = pipeline.LocalBatches(comp.sources.train, comp.plan, rows, seq_len)
+  batches = pipeline.local_batch_iterator(
+    local_batches, start, config.steps, config.data.read_threads, config.data.prefetch
+  )
+  new_window = lambda: {
+    "start": time.time(),
+    "steps": 0,
+    "data_wait": 0.0,
+    "dispatch": 0.0,
+    "ckpt": 0.0,
+  }
+  window, last, eval_row = new_window(), {}, {}
+  for step in range(start + 1, config.steps + 1):
+    t0 = time.time()
+    t, local = next(batches)
+    assert t == step - 1, (t, step)  # Batch t trains step t + 1: the data position is the step.
+    if comp.plan.valid_rows(t) == 0:
+      raise UserError(f"global batch {t} has no valid examples; refusing an empty step")
+    batch = pipeline.to_global(local, comp.batch_sharding, b)
+    t1 = time.time()
+    state, metrics = train_step(state, batch)
+    t2 = time.time()
+    window["data_wait"] += t1 - t0
+    window["dispatch"] += t2 - t1
+    window["steps"] += 1
+
+    if step % config.log_every == 0 or step == config.steps:
+      metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
+      now = time.time()
+      elapsed = now - window["start"]
+      tokens = float(metrics["valid_tokens"])
+      row = {
+        "step": step,
+        "time": now,
+        **{k: float(v) for k, v in metrics.items()},
+        "valid_examples": comp.plan.valid_rows(t),
+        "step_time_s": elapsed / window["steps"],
+        "data_wait_s": window["data_wait"] / window["steps"],
+        "tokens_per_s": tokens * window["steps"] / elapsed,
+      }
+      log.write(row)
+      log.write_process(
+        {
+          "step": step,
+          "time": now,
+          "process": jax.process_index(),
+          "steps": window["steps"],
+          "data_wait_s": window["data_wait"],
+          "dispatch_s": window["dispatch"],
+          "device_wait_s": now - t2,
+          "checkpoint_block_s": window["ckpt"],
+        }
+      )
+      eta = (config.steps - step) * row["step_time_s"]
+      console(progress_line(step, config.steps, row["loss"], row["tokens_per_s"], eta))
+      last = row
+      window = new_window()
+
+    if config.eval_every and step % config.eval_every == 0 and step != config.steps:
+      eval_row = evaluate(comp, eval_step, state.params, config)
+      log.write({"step": step, "time": time.time(), **eval_row})
+      console(f"step {step}/{config.steps}  eval_loss {eval_row['eval_loss']:.4f}")
+
+    if step % config.checkpoint.every == 0 or step == config.steps:
+      t3 = time.time()
+      checkpointing.save(manager, step, state, comp.plan, config)  # Async: the write goes on.
+      window["ckpt"] += time.time() - t3
+
+  # --- The end: final evaluation, wait for the last write, summary.
+  if config.eval_steps:
+    eval_row = evaluate(comp, eval_step, state.params, config)
+    log.write({"step": int(state.step), "time": time.time(), **eval_row})
+  manager.wait_until_finished()
+  manager.close()
+  log.close()
+  summary = {
+    "final_step": int(state.step),
+    "final_loss": last.get("loss"),
+    **eval_row,
+    "loss_floor": comp.sources.loss_floor,
+    "examples_seen": comp.plan.examples_before(int(state.step)),
+    "tokens_seen": comp.plan.examples_before(int(state.step)) * seq_len,
+    "wall_s": time.time() - t_start,
+    "compile_s": compile_s,
+    "devices": device_label(),
+  }
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+  floor = comp.sources.loss_floor
+  if last and floor is not None:
+    console(f"final loss {last['loss']:.4f}  entropy floor {floor:.4f}  gap {last['loss'] - floor:+.4f} nats")
+  return summary
