@@ -15,7 +15,13 @@ AXES = ("data", "fsdp", "tensor")
 
 
 def resolve_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
-  """Within-host axis sizes times across-host sizes, with one -1 filled from the device count."""
+  """Within-host axis sizes times across-host sizes, with one -1 filled from the device count.
+
+  On a single device every axis is 1, whatever the config says: any config runs unchanged on one
+  device for debugging, through the same code path.
+  """
+  if num_devices == 1:
+    return (1, 1, 1)
   dcn = (mesh_cfg.dcn_data, mesh_cfg.dcn_fsdp, 1)
   ici = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
   if ici.count(-1) > 1:
@@ -40,7 +46,7 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
   devices = jax.devices() if devices is None else devices
   shape = resolve_shape(mesh_cfg, len(devices))
   dcn = (mesh_cfg.dcn_data, mesh_cfg.dcn_fsdp, 1)
-  if math.prod(dcn) > 1:
+  if math.prod(dcn) > 1 and len(devices) > 1:
     # Across-host axes outermost, so FSDP/tensor collectives stay on the fast within-host links.
     ici = tuple(s // d for s, d in zip(shape, dcn, strict=True))
     grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)

@@ -48,7 +48,7 @@ def make_train_step(
     metrics = {
       "loss": loss_sum / count,
       "valid_tokens": count,
-      "grad_norm": optax.global_norm(grads),
+      "grad_norm": optax.tree.norm(grads),
       "learning_rate": schedule(state.step),
       **{k: v / count for k, v in metric_sums.items()},
     }

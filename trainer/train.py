@@ -30,8 +30,12 @@ def evaluate(comp: components.Components, eval_step, params, config) -> dict:
   return {f"eval_{k}": float(v) / count for k, v in totals.items()}
 
 
-def train(config, workdir: str) -> dict:
-  """Trains `config.steps` steps in `workdir`, resuming from its newest checkpoint; returns summary."""
+def train(config, workdir: str, stop_after: int | None = None) -> dict:
+  """Trains to `config.steps` in `workdir`, resuming from its newest checkpoint; returns the summary.
+
+  `stop_after` ends the run early at that step, as an interruption would (the schedule still
+  targets config.steps), after saving a checkpoint there.
+  """
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
 
@@ -87,8 +91,9 @@ def train(config, workdir: str) -> dict:
   log = MetricsLog(workdir, resume_step=start)
   rows = pipeline.process_rows(comp.batch_sharding, b)
   local_batches = pipeline.LocalBatches(comp.sources.train, comp.plan, rows, seq_len)
+  last_step = config.steps if stop_after is None else min(stop_after, config.steps)
   batches = pipeline.local_batch_iterator(
-    local_batches, start, config.steps, config.data.read_threads, config.data.prefetch
+    local_batches, start, last_step, config.data.read_threads, config.data.prefetch
   )
   new_window = lambda: {
     "start": time.time(),
@@ -98,7 +103,7 @@ def train(config, workdir: str) -> dict:
     "ckpt": 0.0,
   }
   window, last, eval_row = new_window(), {}, {}
-  for step in range(start + 1, config.steps + 1):
+  for step in range(start + 1, last_step + 1):
     t0 = time.time()
     t, local = next(batches)
     assert t == step - 1, (t, step)  # Batch t trains step t + 1: the data position is the step.
@@ -112,7 +117,7 @@ def train(config, workdir: str) -> dict:
     window["dispatch"] += t2 - t1
     window["steps"] += 1
 
-    if step % config.log_every == 0 or step == config.steps:
+    if step % config.log_every == 0 or step == last_step:
       metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
       now = time.time()
       elapsed = now - window["start"]
@@ -149,13 +154,13 @@ def train(config, workdir: str) -> dict:
       log.write({"step": step, "time": time.time(), **eval_row})
       console(f"step {step}/{config.steps}  eval_loss {eval_row['eval_loss']:.4f}")
 
-    if step % config.checkpoint.every == 0 or step == config.steps:
+    if step % config.checkpoint.every == 0 or step == last_step:
       t3 = time.time()
       checkpointing.save(manager, step, state, comp.plan, config)  # Async: the write goes on.
       window["ckpt"] += time.time() - t3
 
   # --- The end: final evaluation, wait for the last write, summary.
-  if config.eval_steps:
+  if config.eval_steps and int(state.step) == config.steps:
     eval_row = evaluate(comp, eval_step, state.params, config)
     log.write({"step": int(state.step), "time": time.time(), **eval_row})
   manager.wait_until_finished()

@@ -1,0 +1,71 @@
+"""Every in-process test runs on 8 logical CPU devices, set before JAX's backend starts."""
+
+import os
+import subprocess
+import sys
+
+import jax
+
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_num_cpu_devices", 8)
+
+import pytest  # noqa: E402
+
+from configs import smoke_cpu  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(**overrides):
+  """The smoke config shrunk to a model and data that compile and step in seconds."""
+  c = smoke_cpu.get_config()
+  c.steps = 6
+  c.global_batch_size = 16
+  c.log_every = 1
+  c.eval_every = 0
+  c.eval_steps = 1
+  c.checkpoint.every = 2
+  c.data.vocab_size = 32
+  c.data.seq_len = 16
+  c.data.read_threads = 0
+  c.model.vocab_size = 32
+  c.model.embed_dim = 32
+  c.model.num_heads = 2
+  c.model.num_layers = 1
+  c.model.mlp_dim = 64
+  c.optimizer.warmup_steps = 2
+  for key, value in overrides.items():
+    node = c
+    *path, leaf = key.split(".")
+    for p in path:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def read_jsonl(path):
+  import json
+
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def train_losses(workdir):
+  """{step: loss} from metrics.jsonl (train rows only)."""
+  return {r["step"]: r["loss"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r}
+
+
+def run_main(*args, timeout=300):
+  """Runs main.py in a fresh process; returns the CompletedProcess."""
+  return subprocess.run(
+    [sys.executable, "main.py", *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+@pytest.fixture
+def config_factory():
+  return tiny_config

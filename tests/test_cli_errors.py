@@ -1,0 +1,51 @@
+"""Mistakes a user can make end the process non-zero with one `error:` line, not a traceback."""
+
+import pytest
+
+from tests.conftest import run_main
+
+SMOKE = "--config=configs/smoke_cpu.py"
+
+
+def _assert_one_error_line(result, *fragments):
+  assert result.returncode != 0, result.stdout + result.stderr
+  errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
+  assert len(errors) == 1, result.stderr
+  assert "Traceback" not in result.stderr, result.stderr
+  for fragment in fragments:
+    assert fragment in errors[0], errors[0]
+
+
+@pytest.mark.parametrize(
+  "args, fragments",
+  [
+    (["--config.stpes=10"], ["stpes"]),
+    (["--config.mesh.dta=2"], ["dta"]),
+    (["--config.mesh.data=3"], ["mesh", "8 devices"]),
+    (["--config.global_batch_size=30"], ["global_batch_size=30", "data-parallel size 4"]),
+    (["--config.experiment=nope"], ["experiments/nope.py"]),
+    (["--config.sharding.rules=(('batch','dat'),)"], []),
+  ],
+)
+def test_bad_input_gives_one_error_line(tmp_path, args, fragments):
+  result = run_main(SMOKE, f"--workdir={tmp_path}", "--cpu_devices=8", *args)
+  _assert_one_error_line(result, *fragments)
+
+
+def test_missing_workdir_is_an_error():
+  _assert_one_error_line(run_main(SMOKE), "--workdir")
+
+
+def test_single_device_runs_the_same_code_path(tmp_path):
+  result = run_main(
+    SMOKE,
+    f"--workdir={tmp_path}",
+    "--cpu_devices=1",
+    "--config.mesh.data=1",  # fsdp=2, tensor=2 stay: on one device every axis is 1.
+    "--config.steps=3",
+    "--config.log_every=1",
+    "--config.eval_steps=1",
+    "--config.model.num_layers=1",
+  )
+  assert result.returncode == 0, result.stderr
+  assert "1 x cpu" in result.stdout and "step 3/3" in result.stdout
