@@ -25,23 +25,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.mesh.dcn_fsdp = 1  # FSDP axis size across hosts or slices.
 
   c.sharding = ml_collections.ConfigDict()
-  # Logical axis -> mesh axes. Model code names only logical axes; this table decides placement.
-  # Weights: embed, mlp, heads, kv, vocab. Activations: batch, act_seq, act_embed, act_heads, ...
-  c.sharding.rules = (
-    ("batch", ("data", "fsdp")),
-    ("embed", "fsdp"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("kv", None),
-    ("vocab", "tensor"),
-    ("norm", None),
-    ("act_seq", None),
-    ("act_embed", None),
-    ("act_heads", "tensor"),
-    ("act_kv", None),
-    ("act_mlp", "tensor"),
-    ("act_vocab", "tensor"),
-  )
+  # How parameters, gradients and optimizer state are placed; presets in trainer/sharding.py:
+  # 'dp' (replicated), 'zero1' (optimizer state sharded over the batch axes), 'fsdp' (ZeRO-3),
+  # 'fsdp_tp' (ZeRO-3 plus tensor parallelism over the tensor axis).
+  c.sharding.strategy = "fsdp_tp"
+  # Overrides of the preset: (logical axis, mesh axes) pairs, e.g. (("vocab", None),). Model code names
+  # logical axes only: weights embed, mlp, heads, kv, vocab, norm; activations batch, act_*.
+  c.sharding.rules = ()
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "synthetic"  # 'synthetic' (seeded Markov chain with a known loss floor) or 'arrayrecord'.

@@ -4,6 +4,7 @@ model definition and shardings. Mistakes in the config become UserErrors here, b
 import dataclasses
 import functools
 import importlib
+import math
 from types import ModuleType
 
 import jax
@@ -13,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding
 from data.pipeline import BatchPlan
 from data.sources import DataSources
 from trainer import mesh as mesh_lib
+from trainer import sharding as sharding_lib
 from trainer import state as state_lib
 from trainer.errors import UserError
 from trainer.optimizer import make_optimizer
@@ -46,23 +48,14 @@ def load_experiment(name: str) -> ModuleType:
   return module
 
 
-def _rules(config) -> tuple:
-  rules = tuple((name, tuple(a) if isinstance(a, list) else a) for name, a in config.sharding.rules)
-  for name, axes in rules:
-    for axis in (axes,) if isinstance(axes, str) else axes or ():
-      if axis not in mesh_lib.AXES:
-        raise UserError(f"sharding.rules: {name!r} -> {axis!r} is not a mesh axis {mesh_lib.AXES}")
-  return rules
-
-
 def build(config, devices=None) -> Components:
   if config.steps < 1:
     raise UserError(f"steps={config.steps}: must be at least 1")
   if config.microbatches < 1:
     raise UserError(f"microbatches={config.microbatches}: must be at least 1")
   mesh = mesh_lib.make_mesh(config.mesh, devices)
-  rules = _rules(config)
-  dp = mesh_lib.data_parallel_size(mesh, rules)
+  rules = sharding_lib.resolve_rules(config.sharding.strategy, config.sharding.rules)
+  dp = math.prod(mesh.shape[a] for a in sharding_lib.batch_axes(rules))
   b, m = config.global_batch_size, config.microbatches
   if b < 1 or b % (dp * m):
     raise UserError(
@@ -81,7 +74,7 @@ def build(config, devices=None) -> Components:
   except ValueError as e:
     raise UserError(f"model: {e}") from None
   try:
-    shardings = state_lib.state_shardings(mdef, tx, mesh, rules)
+    shardings = state_lib.state_shardings(mdef, tx, mesh, rules, config.sharding.strategy)
   except ValueError as e:
     raise UserError(str(e)) from None
   return Components(

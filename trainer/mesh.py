@@ -55,13 +55,6 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
   return Mesh(np.asarray(grid), AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES))
 
 
-def data_parallel_size(mesh: Mesh, rules) -> int:
-  """How many ways the batch dimension is split: the product of the mesh axes `batch` maps to."""
-  spec = logical_to_spec(("batch",), rules)[0]
-  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
-  return math.prod(mesh.shape[a] for a in axes)
-
-
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   """[batch, seq] arrays: rows split over the axes `batch` maps to."""
   return NamedSharding(mesh, logical_to_spec(("batch", None), rules))

@@ -7,6 +7,12 @@ from trainer.errors import UserError
 
 
 def make_schedule(opt, steps: int) -> optax.Schedule:
+  """Learning rate of the update that completes step count + 1: the first step already moves."""
+  base = _base_schedule(opt, steps)
+  return lambda count: base(count + 1)
+
+
+def _base_schedule(opt, steps: int) -> optax.Schedule:
   warmup = min(opt.warmup_steps, steps)
   if opt.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(

@@ -14,6 +14,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from trainer import mesh as mesh_lib
+from trainer import sharding as sharding_lib
 
 
 @struct.dataclass
@@ -47,14 +48,19 @@ def model_def(build_model) -> ModelDef:
   return ModelDef(graphdef, abstract_state, specs)
 
 
-def state_shardings(mdef: ModelDef, tx: optax.GradientTransformation, mesh: Mesh, rules):
-  """Explicit shardings for every leaf of the TrainState: optimizer moments follow their param."""
+def state_shardings(mdef: ModelDef, tx: optax.GradientTransformation, mesh: Mesh, rules, strategy: str):
+  """Explicit shardings for every leaf of the TrainState. Optimizer moments follow their parameter
+  (or, for ZeRO-1, are split over the batch axes); optimizer scalars such as counts are replicated."""
   param_sh = mesh_lib.tree_shardings(mesh, mdef.logical_specs, rules)
   abstract_params = nnx.to_pure_dict(mdef.abstract_state)
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
   repl = mesh_lib.replicated(mesh)
   opt_sh = optax.tree_map_params(
-    tx, lambda _, sh: sh, abstract_opt, param_sh, transform_non_params=lambda _: repl
+    tx,
+    lambda leaf, sh: sharding_lib.optimizer_leaf_sharding(leaf.shape, sh, strategy, rules),
+    abstract_opt,
+    param_sh,
+    transform_non_params=lambda _: repl,
   )
   return TrainState(step=repl, params=param_sh, opt_state=opt_sh, rng=repl)
 

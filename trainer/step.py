@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from trainer.state import ModelDef, TrainState
 
@@ -28,15 +30,19 @@ def _split_microbatches(batch, m: int):
   return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1), batch)
 
 
-def make_train_step(
-  loss_sums, mdef: ModelDef, tx, schedule, shardings, batch_sharding, rules, microbatches: int
-):
+def make_train_step(comp, microbatches: int, with_grads: bool = False):
+  """jit(train_step) on comp's shardings; the state is donated. `with_grads` also returns the
+  divided gradients (for --mode=verify)."""
+  loss_sums, mdef, tx, rules = comp.experiment.loss_sums, comp.mdef, comp.tx, comp.rules
+  # [m, B/m, ...]: each microbatch is split over the batch axes like a whole batch.
+  micro_sharding = NamedSharding(comp.mesh, P(None, *comp.batch_sharding.spec))
+
   def train_step(state: TrainState, batch):
     grads_of = lambda mb: _sums_and_grads(loss_sums, mdef, state.params, mb, rules)
     if microbatches == 1:
       loss_sum, count, metric_sums, grad_sums = grads_of(batch)
     else:
-      micro = _split_microbatches(batch, microbatches)
+      micro = jax.lax.with_sharding_constraint(_split_microbatches(batch, microbatches), micro_sharding)
       first = jax.tree.map(lambda x: x[0], micro)
       zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grads_of, first))
       add = lambda carry, mb: (jax.tree.map(jnp.add, carry, grads_of(mb)), None)
@@ -49,26 +55,29 @@ def make_train_step(
       "loss": loss_sum / count,
       "valid_tokens": count,
       "grad_norm": optax.tree.norm(grads),
-      "learning_rate": schedule(state.step),
+      "learning_rate": comp.schedule(state.step),
       **{k: v / count for k, v in metric_sums.items()},
     }
+    if with_grads:
+      metrics["grads"] = grads
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
   return jax.jit(
     train_step,
-    in_shardings=(shardings, batch_sharding),
-    out_shardings=(shardings, None),
+    in_shardings=(comp.shardings, comp.batch_sharding),
+    out_shardings=(comp.shardings, None),
     donate_argnums=0,
   )
 
 
-def make_eval_step(loss_sums, mdef: ModelDef, param_shardings, batch_sharding, rules):
+def make_eval_step(comp):
   """Returns sums and counts; the caller adds them over eval batches and divides once."""
+  loss_sums, mdef, rules = comp.experiment.loss_sums, comp.mdef, comp.rules
 
   def eval_step(params, batch):
     with nnx.logical_axis_rules(rules):
       loss_sum, count, metric_sums = loss_sums(mdef.merge(params), batch)
     return {"loss": loss_sum, "count": count, **metric_sums}
 
-  return jax.jit(eval_step, in_shardings=(param_shardings, batch_sharding))
+  return jax.jit(eval_step, in_shardings=(comp.shardings.params, comp.batch_sharding))

@@ -70,19 +70,8 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
   # --- Compile ahead of time, so compile time is measured apart from step time.
   t0 = time.time()
   batch_spec = components.abstract_batch(comp, seq_len)
-  train_step = make_train_step(
-    comp.experiment.loss_sums,
-    comp.mdef,
-    comp.tx,
-    comp.schedule,
-    comp.shardings,
-    comp.batch_sharding,
-    comp.rules,
-    config.microbatches,
-  )
-  eval_step = make_eval_step(
-    comp.experiment.loss_sums, comp.mdef, comp.shardings.params, comp.batch_sharding, comp.rules
-  )
+  train_step = make_train_step(comp, config.microbatches)
+  eval_step = make_eval_step(comp)
   with jax.set_mesh(comp.mesh):
     train_step = train_step.lower(state, batch_spec).compile()
   compile_s = time.time() - t0

@@ -1,0 +1,26 @@
+"""Runs the trainer's real jitted step for a few steps on chosen devices, outside the full loop."""
+
+import jax
+
+from data import pipeline
+from trainer import components
+from trainer import state as state_lib
+from trainer.step import make_train_step
+
+
+def run_steps(config, devices, steps: int, init_params=None):
+  """Returns (theta_0, [per-step metrics incl. grads], final state) on a mesh over `devices`."""
+  comp = components.build(config, devices)
+  state = state_lib.init_state(
+    lambda rngs: comp.experiment.build_model(config, rngs), comp.mdef, comp.tx, comp.shardings, config.seed
+  )
+  theta0 = jax.device_get(state.params)
+  step = make_train_step(comp, config.microbatches, with_grads=True)
+  b = config.global_batch_size
+  local = pipeline.LocalBatches(comp.sources.train, comp.plan, (0, b), config.data.seq_len)
+  metrics = []
+  for t in range(steps):
+    with jax.set_mesh(comp.mesh):
+      state, m = step(state, pipeline.to_global(local(t), comp.batch_sharding, b))
+    metrics.append(jax.device_get(m))
+  return theta0, metrics, state, comp

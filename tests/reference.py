@@ -1,0 +1,93 @@
+"""An independent reference for the objective: the decoder's loss and gradient over only the valid
+examples of a global batch, and AdamW, written from scratch with jax.numpy and numpy.
+
+No trainer code, no mesh, no weights or masks: padding rows are simply left out. If the sharded
+trainer agrees with this, it optimizes the objective a single device would.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _rms_norm(x, scale):
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def _rope(x, base):  # x: [B, L, H, K]
+  half = x.shape[-1] // 2
+  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None, None] * freq  # [L, 1, K/2]
+  x1, x2 = x[..., :half], x[..., half:]
+  return jnp.concatenate(
+    [x1 * jnp.cos(angle) - x2 * jnp.sin(angle), x2 * jnp.cos(angle) + x1 * jnp.sin(angle)], -1
+  )
+
+
+def logits(params, tokens, rope_base=10_000.0):
+  x = params["embed"][tokens]  # [B, L, D]
+  n = tokens.shape[1]
+  causal = jnp.tril(jnp.ones((n, n), bool))
+  for i in range(len(params["blocks"])):
+    blk = params["blocks"][i]
+    h = _rms_norm(x, blk["attn_norm"]["scale"])
+    a = blk["attn"]
+    q = _rope(jnp.einsum("bld,dhk->blhk", h, a["wq"]), rope_base)
+    k = _rope(jnp.einsum("bld,dhk->blhk", h, a["wk"]), rope_base)
+    v = jnp.einsum("bld,dhk->blhk", h, a["wv"])
+    s = jnp.einsum("blhk,bmhk->bhlm", q, k) / math.sqrt(q.shape[-1])
+    p = jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1)
+    x = x + jnp.einsum("blhk,hkd->bld", jnp.einsum("bhlm,bmhk->blhk", p, v), a["wo"])
+    h = _rms_norm(x, blk["mlp_norm"]["scale"])
+    m = blk["mlp"]
+    x = x + (jax.nn.silu(h @ m["gate"]) * (h @ m["up"])) @ m["down"]
+  return _rms_norm(x, params["final_norm"]["scale"]) @ params["unembed"]
+
+
+def mean_loss(params, tokens):
+  """Mean next-token cross-entropy over all tokens of `tokens` [N, L+1] (valid examples only)."""
+  logp = jax.nn.log_softmax(logits(params, tokens[:, :-1]))
+  return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+
+loss_and_grad = jax.jit(jax.value_and_grad(mean_loss))
+
+
+def learning_rate(count, peak, warmup, total, end_factor):
+  """Linear warm-up then cosine decay, for the update of step count + 1."""
+  step = count + 1
+  if step < warmup:
+    return peak * step / warmup
+  frac = min(1.0, (step - warmup) / max(total - warmup, 1))
+  end = peak * end_factor
+  return end + (peak - end) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+class AdamW:
+  """optax-free AdamW with global-norm clipping and weight decay on matrices only (float64)."""
+
+  def __init__(self, params, opt):
+    self.opt = opt
+    self.mu = jax.tree.map(lambda p: np.zeros(p.shape), params)
+    self.nu = jax.tree.map(lambda p: np.zeros(p.shape), params)
+    self.count = 0
+
+  def update(self, params, grads, total_steps):
+    o = self.opt
+    grads = jax.tree.map(lambda g: np.asarray(g, np.float64), grads)
+    norm = math.sqrt(sum(float(np.sum(g * g)) for g in jax.tree.leaves(grads)))
+    grads = jax.tree.map(lambda g: g * min(1.0, o.grad_clip_norm / norm), grads)
+    lr = learning_rate(self.count, o.learning_rate, o.warmup_steps, total_steps, o.end_factor)
+    self.count += 1
+    self.mu = jax.tree.map(lambda m, g: o.b1 * m + (1 - o.b1) * g, self.mu, grads)
+    self.nu = jax.tree.map(lambda v, g: o.b2 * v + (1 - o.b2) * g * g, self.nu, grads)
+    c1, c2 = 1 - o.b1**self.count, 1 - o.b2**self.count
+
+    def step(p, m, v):
+      p = np.asarray(p, np.float64)
+      u = (m / c1) / (np.sqrt(v / c2) + 1e-8) + (o.weight_decay * p if p.ndim > 1 else 0.0)
+      return (p - lr * u).astype(np.float32)
+
+    return jax.tree.map(step, params, self.mu, self.nu)

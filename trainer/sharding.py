@@ -1,0 +1,82 @@
+"""Sharding strategies as named presets of logical-axis rules, and the optimizer state's placement.
+
+| strategy | params, grads          | optimizer state              | batch        |
+|----------|------------------------|------------------------------|--------------|
+| dp       | replicated             | replicated                   | data x fsdp  |
+| zero1    | replicated             | sharded over data x fsdp     | data x fsdp  |
+| fsdp     | `embed` over fsdp      | follows params               | data x fsdp  |
+| fsdp_tp  | `embed` over fsdp; `mlp`, `heads`, `vocab` over tensor | follows params | data x fsdp |
+`sharding.rules` entries replace the preset's entry of the same logical name.
+"""
+
+import math
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from model.partitioning import logical_to_spec
+from trainer.errors import UserError
+
+_BATCH = (("batch", ("data", "fsdp")),)
+# Activations and small weights: replicated unless tensor parallelism names them below.
+_COMMON = (("kv", None), ("norm", None), ("act_seq", None), ("act_embed", None), ("act_kv", None))
+_REPLICATED = (("embed", None), ("mlp", None), ("heads", None), ("vocab", None))
+_NO_TP_ACTS = (("act_heads", None), ("act_mlp", None), ("act_vocab", None))
+_TP = (("mlp", "tensor"), ("heads", "tensor"), ("vocab", "tensor"))
+_TP_ACTS = (("act_heads", "tensor"), ("act_mlp", "tensor"), ("act_vocab", "tensor"))
+
+PRESETS = {
+  "dp": _BATCH + _COMMON + _REPLICATED + _NO_TP_ACTS,
+  "zero1": _BATCH + _COMMON + _REPLICATED + _NO_TP_ACTS,
+  "fsdp": _BATCH + _COMMON + _REPLICATED[1:] + (("embed", "fsdp"),) + _NO_TP_ACTS,
+  "fsdp_tp": _BATCH + _COMMON + (("embed", "fsdp"),) + _TP + _TP_ACTS,
+}
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def resolve_rules(strategy: str, overrides) -> tuple:
+  """The preset for `strategy` with `overrides` ((logical name, mesh axes) pairs) applied."""
+  if strategy not in PRESETS:
+    raise UserError(f"sharding.strategy={strategy!r}: use one of {sorted(PRESETS)}")
+  table = dict(PRESETS[strategy])
+  for entry in overrides:
+    if len(entry) != 2:
+      raise UserError(f"sharding.rules entry {entry!r}: expected (logical name, mesh axes)")
+    name, axes = entry
+    axes = tuple(axes) if isinstance(axes, list) else axes
+    for axis in (axes,) if isinstance(axes, str) else axes or ():
+      if axis not in MESH_AXES:
+        raise UserError(f"sharding.rules: {name!r} -> {axis!r} is not a mesh axis {MESH_AXES}")
+    table[name] = axes
+  return tuple(table.items())
+
+
+def shards_optimizer_over_batch(strategy: str) -> bool:
+  return strategy == "zero1"
+
+
+def batch_axes(rules) -> tuple[str, ...]:
+  spec = logical_to_spec(("batch",), rules)[0]
+  return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+
+
+def zero1_spec(shape, param_spec: P, mesh: Mesh, rules) -> P:
+  """ZeRO-1: a replicated parameter's optimizer moment split over the batch axes along the largest
+  dimension they divide. A leaf no dimension of which they divide stays replicated (scalars, tiny
+  vectors); that is an explicit choice, listed by --mode=inspect."""
+  axes = tuple(a for a in batch_axes(rules) if a not in jax.tree.leaves(tuple(param_spec)))
+  ways = math.prod(mesh.shape[a] for a in axes)
+  spec = list(param_spec) + [None] * (len(shape) - len(param_spec))
+  free = [i for i, d in enumerate(shape) if spec[i] is None and ways > 1 and d % ways == 0]
+  if not free:
+    return P(*spec)
+  spec[max(free, key=lambda i: shape[i])] = axes if len(axes) > 1 else axes[0]
+  return P(*spec)
+
+
+def optimizer_leaf_sharding(shape, param_sharding: NamedSharding, strategy: str, rules) -> NamedSharding:
+  if not shards_optimizer_over_batch(strategy):
+    return param_sharding
+  mesh = param_sharding.mesh
+  return NamedSharding(mesh, zero1_spec(shape, param_sharding.spec, mesh, rules))
