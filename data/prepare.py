@@ -1,0 +1,369 @@
+"""Text -> tokens -> ArrayRecord shards that `data.source='arrayrecord'` trains on.
+
+  python -m data.prepare --input='corpus/*.txt,extra.jsonl' --output=DIR --seq_len=N
+      [--tokenizer=byte|PATH.model] [--records_per_shard=K] [--eval_fraction=F] [--overwrite]
+
+Inputs: a comma-separated list of files or glob patterns, read in the order given (each glob sorted).
+A `.jsonl` file holds one document per line in its `text` field; any other file is one document.
+Empty documents are skipped; a file with no text at all is an error.
+
+Tokens: the byte tokenizer (default) reserves id 0 for padding and id 1 for end-of-document, and maps
+byte b to id b + 2 (vocab_size 258), so any bytes round-trip exactly. A path ending in `.model` is a
+SentencePiece model: its own eos id ends documents; its pad id pads (eos when it has none).
+
+Records: every document is followed by eos, the documents are concatenated, and the stream is cut into
+records of exactly seq_len + 1 tokens with stride seq_len + 1 (records never overlap). Only the very
+last record can be short: it is padded with pad_id, and metadata.json says how many of its tokens are
+real. A record is stored as seq_len + 1 little-endian int32 values, raw bytes: nothing is pickled.
+
+Splits: the last records form `eval` (eval_fraction of them, at least one when there are two or more),
+the rest `train`, so the two never overlap. Shards are `SPLIT-00000-of-0000N.array_record`.
+The output is built in a sibling directory and renamed into place, so a crash never leaves a half
+written dataset that looks complete.
+"""
+
+import glob
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+from trainer.errors import UserError
+
+VERSION = 1
+PAD_ID, EOS_ID, BYTE_OFFSET = 0, 1, 2  # Byte tokenizer ids; byte b is id b + BYTE_OFFSET.
+BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
+SPLITS = ("train", "eval")
+METADATA = "metadata.json"
+WRITER_OPTIONS = "group_size:1"  # One record per chunk: Grain reads records at random.
+
+
+class ByteTokenizer:
+  name, model, vocab_size, pad_id, eos_id = "byte", None, BYTE_VOCAB_SIZE, PAD_ID, EOS_ID
+
+  def encode(self, document: bytes, source: str) -> np.ndarray:
+    return np.frombuffer(document, np.uint8).astype(np.int32) + BYTE_OFFSET
+
+
+class SentencePieceTokenizer:
+  name = "sentencepiece"
+
+  def __init__(self, path: str):
+    try:
+      import sentencepiece  # Optional: only needed for this tokenizer.
+    except ImportError:
+      raise UserError(
+        f"--tokenizer={path} needs the sentencepiece package: `pip install sentencepiece`, "
+        "or use --tokenizer=byte"
+      ) from None
+    if not os.path.isfile(path):
+      raise UserError(f"--tokenizer={path}: no such SentencePiece model file")
+    self.model = os.path.abspath(path)
+    self._sp = sentencepiece.SentencePieceProcessor(model_file=self.model)
+    self.vocab_size = int(self._sp.get_piece_size())
+    self.eos_id = int(self._sp.eos_id())
+    if self.eos_id < 0:
+      raise UserError(
+        f"--tokenizer={path} defines no eos id; train it with an eos piece or use --tokenizer=byte"
+      )
+    pad = int(self._sp.pad_id())
+    self.pad_id = pad if pad >= 0 else self.eos_id  # Padding is located by metadata, not by its id.
+
+  def encode(self, document: bytes, source: str) -> np.ndarray:
+    try:
+      text = document.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise UserError(f"{source} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    return np.asarray(self._sp.encode(text), np.int32)
+
+
+def make_tokenizer(spec: str):
+  if spec == "byte":
+    return ByteTokenizer()
+  if spec.endswith(".model"):
+    return SentencePieceTokenizer(spec)
+  raise UserError(f"--tokenizer={spec!r} is not 'byte' or a SentencePiece '.model' file")
+
+
+def resolve_inputs(inputs: list[str]) -> list[str]:
+  """Files named by each entry (a path or a glob), in the order given, each file once."""
+  files = []
+  for pattern in inputs:
+    pattern = pattern.strip()
+    if not pattern:
+      continue
+    matched = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+    matched = [f for f in matched if os.path.isfile(f)]
+    if not matched:
+      raise UserError(f"--input {pattern!r} matches no files")
+    files += [f for f in matched if f not in files]
+  if not files:
+    raise UserError("--input names no files; give a comma-separated list of text or .jsonl files or globs")
+  return files
+
+
+def read_documents(path: str):
+  """Yields (document bytes, where it came from) for each non-empty document of one file."""
+  if not path.endswith(".jsonl"):
+    with open(path, "rb") as f:
+      data = f.read()
+    if data:
+      yield data, path
+    return
+  with open(path, "rb") as f:
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f"{path}:{lineno}"
+      try:
+        row = json.loads(line)
+      except ValueError as e:
+        raise UserError(f"{where} is not valid JSON ({e})") from None
+      if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+        raise UserError(f"{where} has no string 'text' field; each .jsonl line must be {{\"text\": ...}}")
+      if row["text"]:
+        yield row["text"].encode("utf-8"), where
+
+
+def _check_output(output: str, overwrite: bool) -> None:
+  if os.path.exists(output) and not os.path.isdir(output):
+    raise UserError(f"--output={output} is a file; give a directory")
+  if not os.path.isdir(output) or not os.listdir(output):
+    return
+  if not overwrite:
+    raise UserError(
+      f"--output={output} exists and is not empty; pass --overwrite or choose another directory"
+    )
+  if not os.path.isfile(os.path.join(output, METADATA)):
+    # --overwrite replaces the whole directory: only do that to an earlier output of this tool.
+    raise UserError(
+      f"--output={output} has no {METADATA}, so it is not a data.prepare output; choose another"
+    )
+
+
+def _tokenize_to_file(files, tokenizer, path: str) -> tuple[int, int]:
+  """Appends every document's tokens and an eos to a raw int32 file; returns (documents, tokens)."""
+  num_docs = num_tokens = 0
+  eos = np.asarray([tokenizer.eos_id], "<i4").tobytes()
+  with open(path, "wb") as out:
+    for name in files:
+      docs_before = num_docs
+      for document, where in read_documents(name):
+        tokens = tokenizer.encode(document, where)
+        out.write(tokens.astype("<i4").tobytes() + eos)
+        num_docs += 1
+        num_tokens += len(tokens) + 1
+      if num_docs == docs_before:
+        raise UserError(f"{name} contains no text; remove it from --input")
+  return num_docs, num_tokens
+
+
+def split_sizes(num_records: int, eval_fraction: float) -> dict[str, int]:
+  num_eval = 0
+  if num_records >= 2 and eval_fraction > 0:
+    num_eval = min(num_records - 1, max(1, int(num_records * eval_fraction)))
+  return {"train": num_records - num_eval, "eval": num_eval}
+
+
+def shard_names(split: str, num_records: int, records_per_shard: int) -> list[str]:
+  n = math.ceil(num_records / records_per_shard)
+  return [f"{split}-{i:05d}-of-{n:05d}.array_record" for i in range(n)]
+
+
+def _write_shards(tokens: np.ndarray, pad_id: int, record_len: int, sizes, records_per_shard, directory):
+  """Writes every record in stream order; returns (shards per split, sha256 hex of all record bytes)."""
+  from array_record.python.array_record_module import ArrayRecordWriter
+
+  digest, shards, record = hashlib.sha256(), {}, 0
+  for split in SPLITS:
+    shards[split] = shard_names(split, sizes[split], records_per_shard)
+    end = record + sizes[split]
+    for name in shards[split]:
+      writer = ArrayRecordWriter(os.path.join(directory, name), WRITER_OPTIONS)
+      for _ in range(min(records_per_shard, end - record)):
+        row = np.full(record_len, pad_id, "<i4")
+        chunk = tokens[record * record_len : (record + 1) * record_len]
+        row[: len(chunk)] = chunk
+        data = row.tobytes()
+        digest.update(data)
+        writer.write(data)
+        record += 1
+      writer.close()
+  return shards, digest.hexdigest()
+
+
+def prepare(
+  inputs: list[str],
+  output: str,
+  seq_len: int,
+  tokenizer: str = "byte",
+  records_per_shard: int = 16_384,
+  eval_fraction: float = 0.01,
+  overwrite: bool = False,
+) -> dict:
+  """Tokenizes the input files into ArrayRecord shards under `output`; returns the metadata written."""
+  if seq_len < 1:
+    raise UserError(f"--seq_len must be >= 1 (got {seq_len})")
+  if records_per_shard < 1:
+    raise UserError(f"--records_per_shard must be >= 1 (got {records_per_shard})")
+  if not 0 <= eval_fraction < 1:
+    raise UserError(f"--eval_fraction must be in [0, 1) (got {eval_fraction})")
+  if not output:
+    raise UserError("--output is required: the directory to write the shards and metadata.json to")
+  output = os.path.abspath(output)
+  _check_output(output, overwrite)
+  files = resolve_inputs(inputs)
+  tok = make_tokenizer(tokenizer)
+
+  parent = os.path.dirname(output)
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.partial-", dir=parent)
+  os.chmod(staging, 0o755)  # mkdtemp makes it private; the renamed output is read by other jobs' users.
+  try:
+    raw = os.path.join(staging, "tokens.tmp")  # The stream on disk: corpora larger than memory work.
+    num_docs, num_tokens = _tokenize_to_file(files, tok, raw)
+    record_len = seq_len + 1
+    num_records = math.ceil(num_tokens / record_len)
+    sizes = split_sizes(num_records, eval_fraction)
+    tokens = np.memmap(raw, "<i4", mode="r", shape=(num_tokens,))
+    shards, fingerprint = _write_shards(tokens, tok.pad_id, record_len, sizes, records_per_shard, staging)
+    del tokens
+    os.remove(raw)
+    last_valid = num_tokens - (num_records - 1) * record_len  # Real tokens in the stream's last record.
+    metadata = {
+      "version": VERSION,
+      "seq_len": seq_len,
+      "record_format": "seq_len + 1 little-endian int32 tokens per record",
+      "vocab_size": tok.vocab_size,
+      "tokenizer": tok.name,
+      "tokenizer_model": tok.model,
+      "pad_id": tok.pad_id,
+      "eos_id": tok.eos_id,
+      "inputs": [os.path.abspath(f) for f in files],
+      "num_documents": num_docs,
+      "num_tokens": num_tokens,
+      "num_records": sizes,
+      "valid_tokens_in_last_record": _valid_in_last(sizes, record_len, last_valid),
+      "shards": shards,
+      "fingerprint": fingerprint,
+    }
+    with open(os.path.join(staging, METADATA), "w") as f:
+      json.dump(metadata, f, indent=2)
+      f.write("\n")
+    if os.path.isdir(output):
+      shutil.rmtree(output)  # Empty, or an earlier output with --overwrite (checked above).
+    os.replace(staging, output)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return metadata
+
+
+def _valid_in_last(sizes: dict[str, int], record_len: int, last_valid: int) -> dict[str, int]:
+  """Real (non-padding) tokens in each split's last record: only the stream's last record is short."""
+  last_split = "eval" if sizes["eval"] else "train"
+  return {s: 0 if not sizes[s] else last_valid if s == last_split else record_len for s in SPLITS}
+
+
+def decode(tokens) -> bytes:
+  """Byte tokenizer, for reading: drops padding and shows each end-of-document as b'\\n'."""
+  ids = np.asarray(tokens).ravel()
+  ids = ids[ids != PAD_ID]
+  _check_byte_ids(ids)
+  return np.where(ids == EOS_ID, ord("\n"), ids - BYTE_OFFSET).astype(np.uint8).tobytes()
+
+
+def decode_documents(records) -> list[bytes]:
+  """Byte tokenizer, exact inverse of prepare: records in stream order -> the documents' bytes.
+
+  Padding is dropped and the stream is split at each eos. Text after the last eos (records that end
+  inside a document) comes back as a final, incomplete document.
+  """
+  ids = np.concatenate([np.asarray(r).ravel() for r in records]) if records else np.zeros(0, np.int32)
+  ids = ids[ids != PAD_ID]
+  _check_byte_ids(ids)
+  ends = np.flatnonzero(ids == EOS_ID)
+  docs, start = [], 0
+  for end in ends:
+    docs.append((ids[start:end] - BYTE_OFFSET).astype(np.uint8).tobytes())
+    start = end + 1
+  if start < len(ids):
+    docs.append((ids[start:] - BYTE_OFFSET).astype(np.uint8).tobytes())
+  return docs
+
+
+def _check_byte_ids(ids: np.ndarray) -> None:
+  if ids.size and (ids.min() < 0 or ids.max() >= BYTE_VOCAB_SIZE):
+    raise ValueError(f"token ids must be in [0, {BYTE_VOCAB_SIZE}) for the byte tokenizer")
+
+
+def _define_flags():
+  # Defined only when run as a program, so importing this module adds nothing to main.py's flags.
+  from absl import flags
+
+  flags.DEFINE_string("input", None, "Comma-separated files or globs; .jsonl uses each line's 'text'.")
+  flags.DEFINE_string("output", None, "Directory to write the shards and metadata.json to.")
+  flags.DEFINE_integer("seq_len", None, "Tokens the model sees per example; records hold seq_len + 1.")
+  flags.DEFINE_string("tokenizer", "byte", "'byte' or a SentencePiece .model file.")
+  flags.DEFINE_integer("records_per_shard", 16_384, "Records per ArrayRecord shard.")
+  flags.DEFINE_float("eval_fraction", 0.01, "Fraction of records (the last ones) held out as 'eval'.")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing output of this tool.")
+
+
+def _fail(message: str):
+  print("error: " + " ".join(str(message).split()), file=sys.stderr)
+  sys.exit(2)
+
+
+def _parse_flags(argv):
+  from absl import flags
+
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    _fail(e)
+
+
+def main(argv):
+  from absl import flags
+
+  f = flags.FLAGS
+  if len(argv) > 1:
+    _fail(f"unexpected arguments {argv[1:]}; every option is a --flag=value")
+  try:
+    if not f.input:
+      raise UserError("--input is required: comma-separated text or .jsonl files or globs")
+    if f.seq_len is None:
+      raise UserError("--seq_len is required: the tokens per example the model will see")
+    metadata = prepare(
+      f.input.split(","),
+      f.output or "",
+      f.seq_len,
+      tokenizer=f.tokenizer,
+      records_per_shard=f.records_per_shard,
+      eval_fraction=f.eval_fraction,
+      overwrite=f.overwrite,
+    )
+  except UserError as e:
+    _fail(e)
+  except OSError as e:
+    _fail(f"{e.strerror or e}: {e.filename}" if e.filename else e)
+  n = metadata["num_records"]
+  print(
+    f"wrote {n['train']} train and {n['eval']} eval records of {metadata['seq_len'] + 1} tokens "
+    f"({metadata['num_documents']} documents, {metadata['num_tokens']} tokens, "
+    f"vocab {metadata['vocab_size']}) "
+    f"to {os.path.abspath(f.output)}"
+  )
+
+
+if __name__ == "__main__":
+  from absl import app
+
+  _define_flags()
+  app.run(main, flags_parser=_parse_flags)
