@@ -1,0 +1,84 @@
+"""Each device holds exactly the shard of every parameter and optimizer-state leaf that the
+logical rules of the chosen strategy assign to it (read back from addressable_shards)."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from tests.conftest import tiny_config
+from trainer import components
+from trainer import state as state_lib
+
+# The placement each strategy promises, written out independently of trainer/sharding.py.
+WEIGHT_AXES = {
+  "dp": {},
+  "zero1": {},
+  "fsdp": {"embed": ("fsdp",)},
+  "fsdp_tp": {"embed": ("fsdp",), "mlp": ("tensor",), "heads": ("tensor",), "vocab": ("tensor",)},
+}
+
+
+def _expected_index(device, mesh, shape, dim_axes):
+  """The slice of each dimension that `device` must hold, from its coordinates in the mesh."""
+  coords = dict(zip(mesh.axis_names, np.argwhere(mesh.devices == device)[0], strict=True))
+  index = []
+  for size, axes in zip(shape, dim_axes, strict=True):
+    ways = math.prod(mesh.shape[a] for a in axes)
+    k = 0
+    for a in axes:  # Row-major over the listed mesh axes.
+      k = k * mesh.shape[a] + int(coords[a])
+    index.append((k * size // ways, (k + 1) * size // ways))
+  return tuple(index)
+
+
+def _actual_index(shard, shape):
+  return tuple(
+    (s.start or 0, size if s.stop is None else s.stop) for s, size in zip(shard.index, shape, strict=True)
+  )
+
+
+def _zero1_axes(shape, ways):
+  """ZeRO-1: the largest dimension divisible by the batch ways is split over (data, fsdp)."""
+  free = [i for i, d in enumerate(shape) if ways > 1 and d % ways == 0]
+  axes = [()] * len(shape)
+  if free:
+    axes[max(free, key=lambda i: shape[i])] = ("data", "fsdp")
+  return axes
+
+
+@pytest.mark.parametrize("strategy", ["dp", "zero1", "fsdp", "fsdp_tp"])
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 4, 2)])
+def test_every_leaf_lives_where_the_rules_say(strategy, mesh_shape):
+  data, fsdp, tensor = mesh_shape
+  cfg = tiny_config(
+    **{"sharding.strategy": strategy, "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor}
+  )
+  comp = components.build(cfg)
+  state = state_lib.init_state(
+    lambda rngs: comp.experiment.build_model(cfg, rngs), comp.mdef, comp.tx, comp.shardings, cfg.seed
+  )
+  mesh, table = comp.mesh, WEIGHT_AXES[strategy]
+  names = jax.tree.leaves(
+    comp.mdef.logical_specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+  )
+  params = jax.tree.leaves(state.params)
+  adam = state.opt_state[1][0]  # chain(clip, adamw): adamw's ScaleByAdamState.
+  checked = 0
+  for logical, param, mu, nu in zip(
+    names, params, jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu), strict=True
+  ):
+    param_axes = [table.get(n, ()) if n else () for n in logical]
+    if strategy == "zero1":
+      opt_axes = _zero1_axes(param.shape, mesh.shape["data"] * mesh.shape["fsdp"])
+    else:
+      opt_axes = param_axes
+    for leaf, axes in ((param, param_axes), (mu, opt_axes), (nu, opt_axes)):
+      assert len(leaf.addressable_shards) == mesh.size
+      for shard in leaf.addressable_shards:
+        assert _actual_index(shard, leaf.shape) == _expected_index(shard.device, mesh, leaf.shape, axes)
+        checked += 1
+  assert checked == 3 * len(params) * mesh.size
+  if strategy != "dp":  # Something really is split (not everything replicated).
+    assert any(len({str(s.index) for s in x.addressable_shards}) > 1 for x in jax.tree.leaves(adam.mu))
