@@ -40,7 +40,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.seq_len = 64  # Tokens per example the model sees (records hold seq_len + 1).
   c.data.vocab_size = 64  # Synthetic: vocabulary of the Markov chain.
   c.data.markov_concentration = 0.1  # Synthetic: Dirichlet concentration of each row; lower = lower entropy.
-  c.data.path = ""  # arrayrecord: directory written by `python -m data.prepare`.
+  c.data.path = ""  # arrayrecord: directory written by `python -m data.prepare` (record counts come from it).
+  c.data.packing = False  # arrayrecord: documents packed per sequence attend only within themselves.
+  c.data.allow_changed_data = False  # Resume even if the data's fingerprint differs from the checkpoint's.
+  c.data.worker_processes = 0  # Grain worker processes preparing batches (0: reader threads only).
   c.data.read_threads = 2  # Host threads that prepare batches ahead of the device.
   c.data.prefetch = 2  # Batches prepared ahead of the one being trained on.
 

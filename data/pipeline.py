@@ -70,34 +70,81 @@ def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int) -> tup
 
 
 class LocalBatches:
-  """Callable t -> this process's rows of global batch t: inputs, targets, weights (numpy)."""
+  """Callable t -> this process's rows of global batch t, as numpy arrays [rows, seq_len]:
+  inputs, targets, weights (0 on padding rows, pad targets and, when packed, across documents),
+  and with packing also segment_ids and positions (restarting at each document)."""
 
-  def __init__(self, source, plan: BatchPlan, rows: tuple[int, int], seq_len: int):
+  def __init__(self, source, plan: BatchPlan, rows: tuple[int, int], seq_len: int, pad_id=None, eos_id=None):
     self.source, self.plan, self.rows, self.seq_len = source, plan, rows, seq_len
+    self.pad_id, self.eos_id = pad_id, eos_id  # eos_id set: pack documents.
 
   def __call__(self, t: int) -> dict[str, np.ndarray]:
     lo, hi = self.rows
     ids = self.plan.record_ids(int(t))[lo:hi]
-    seq = self.seq_len
-    tokens = np.zeros((hi - lo, seq + 1), np.int32)
+    tokens = np.zeros((hi - lo, self.seq_len + 1), np.int32)
     for row, rid in enumerate(ids):
       if rid != PAD:
         tokens[row] = self.source[int(rid)]["tokens"]
-    weights = np.broadcast_to((ids != PAD)[:, None], (hi - lo, seq)).astype(np.float32)
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights}
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    weights = np.broadcast_to((ids != PAD)[:, None], inputs.shape)
+    if self.pad_id is not None:
+      weights = weights & (targets != self.pad_id)
+    batch = {"inputs": inputs, "targets": targets}
+    if self.eos_id is not None:
+      batch.update(segments(inputs, self.eos_id))
+      weights = weights & (inputs != self.eos_id)  # After a document's end comes another document.
+    batch["weights"] = weights.astype(np.float32)
+    return batch
 
 
-def local_batch_iterator(local_batches: LocalBatches, start: int, stop: int, threads: int, prefetch: int):
-  """Yields (t, local batch) for t in [start, stop), prepared ahead by Grain's reader threads."""
-  ds = grain.MapDataset.range(start, stop).map(lambda t: (t, local_batches(t)))
-  if threads == 0:
+def segments(inputs: np.ndarray, eos_id: int) -> dict[str, np.ndarray]:
+  """Segment ids (1, 2, ...) and in-document positions of packed rows [rows, L]; a document's
+  end-of-document token belongs to it, the next token starts a new segment."""
+  is_eos = inputs == eos_id
+  starts = np.zeros_like(is_eos)
+  starts[:, 0] = True
+  starts[:, 1:] = is_eos[:, :-1]
+  segment_ids = np.cumsum(starts, axis=1).astype(np.int32)
+  idx = np.broadcast_to(np.arange(inputs.shape[1]), inputs.shape)
+  first = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
+  return {"segment_ids": segment_ids, "positions": (idx - first).astype(np.int32)}
+
+
+class _Numbered:
+  """t -> (t, local batch t); a class, not a lambda, so Grain worker processes can receive it."""
+
+  def __init__(self, local_batches: LocalBatches):
+    self.local_batches = local_batches
+
+  def __call__(self, t):
+    return int(t), self.local_batches(int(t))
+
+
+def local_batch_iterator(
+  local_batches: LocalBatches, start: int, stop: int, threads: int, prefetch: int, workers: int = 0
+):
+  """Yields (t, local batch) for t in [start, stop) in order, prepared ahead by Grain's reader
+  threads or worker processes. Order and content never depend on threads or workers."""
+  ds = grain.MapDataset.range(start, stop).map(_Numbered(local_batches))
+  if threads == 0 and workers == 0:
     return iter(ds)
-  return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch)))
+  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=max(threads, 1), prefetch_buffer_size=prefetch))
+  if workers:
+    it = it.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(num_workers=workers))
+  return iter(it)
 
 
 def to_global(local: dict[str, np.ndarray], sharding, global_batch_size: int) -> dict[str, jax.Array]:
   """Assembles the global jax.Array batch from every process's local rows."""
   return {
     k: jax.make_array_from_process_local_data(sharding, v, (global_batch_size,) + v.shape[1:])
+    for k, v in local.items()
+  }
+
+
+def global_spec(local: dict[str, np.ndarray], sharding, global_batch_size: int) -> dict:
+  """ShapeDtypeStructs of the global batch that `local` is this process's part of (for compiling)."""
+  return {
+    k: jax.ShapeDtypeStruct((global_batch_size,) + v.shape[1:], v.dtype, sharding=sharding)
     for k, v in local.items()
   }

@@ -17,7 +17,7 @@ def run_steps(config, devices, steps: int, init_params=None):
   theta0 = jax.device_get(state.params)
   step = make_train_step(comp, config.microbatches, with_grads=True)
   b = config.global_batch_size
-  local = pipeline.LocalBatches(comp.sources.train, comp.plan, (0, b), config.data.seq_len)
+  local = components.local_batches(comp, config)
   metrics = []
   for t in range(steps):
     with jax.set_mesh(comp.mesh):

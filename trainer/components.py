@@ -7,10 +7,10 @@ import importlib
 import math
 from types import ModuleType
 
-import jax
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from data import pipeline
 from data.pipeline import BatchPlan
 from data.sources import DataSources
 from trainer import mesh as mesh_lib
@@ -92,7 +92,9 @@ def build(config, devices=None) -> Components:
   )
 
 
-def abstract_batch(comp: Components, seq_len: int) -> dict:
-  b = comp.plan.global_batch_size
-  sds = lambda dtype: jax.ShapeDtypeStruct((b, seq_len), dtype, sharding=comp.batch_sharding)
-  return {"inputs": sds("int32"), "targets": sds("int32"), "weights": sds("float32")}
+def local_batches(comp: Components, config, split: str = "train") -> pipeline.LocalBatches:
+  """This process's rows of the train (or held-out) global batches, with padding and packing."""
+  rows = pipeline.process_rows(comp.batch_sharding, comp.plan.global_batch_size)
+  source, plan = (comp.sources.train, comp.plan) if split == "train" else (comp.sources.eval, comp.eval_plan)
+  eos_id = comp.sources.eos_id if config.data.packing else None
+  return pipeline.LocalBatches(source, plan, rows, config.data.seq_len, comp.sources.pad_id, eos_id)

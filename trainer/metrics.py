@@ -3,6 +3,7 @@ process), and the console progress line."""
 
 import json
 import os
+import time
 
 import jax
 import numpy as np
@@ -70,6 +71,48 @@ class MetricsLog:
     if self.is_main:
       self._metrics.close()
       self._tb.close()
+
+
+class Window:
+  """What happened since the last logged step: host timings, and the steps' valid-token counts
+  (device scalars, fetched only when the window closes so the loop never waits on them)."""
+
+  def __init__(self):
+    self.start = time.time()
+    self.steps, self.data_wait, self.dispatch, self.checkpoint = 0, 0.0, 0.0, 0.0
+    self._tokens = []
+
+  def add_step(self, data_wait_s: float, dispatch_s: float, valid_tokens: jax.Array) -> None:
+    self.steps += 1
+    self.data_wait += data_wait_s
+    self.dispatch += dispatch_s
+    self._tokens.append(valid_tokens)
+
+  def close(self, step: int, metrics: dict, valid_examples: int, device_wait_s: float) -> tuple[dict, dict]:
+    """(metrics.jsonl row, processes/process_I.jsonl row) for the window ending at `step`."""
+    now = time.time()
+    elapsed = now - self.start
+    self.tokens = float(sum(jax.device_get(self._tokens)))
+    row = {
+      "step": step,
+      "time": now,
+      **{k: float(v) for k, v in metrics.items()},
+      "valid_examples": valid_examples,
+      "step_time_s": elapsed / self.steps,
+      "data_wait_s": self.data_wait / self.steps,
+      "tokens_per_s": self.tokens / elapsed,
+    }
+    process_row = {
+      "step": step,
+      "time": now,
+      "process": jax.process_index(),
+      "steps": self.steps,
+      "data_wait_s": self.data_wait,
+      "dispatch_s": self.dispatch,
+      "device_wait_s": device_wait_s,
+      "checkpoint_block_s": self.checkpoint,
+    }
+    return row, process_row
 
 
 def console(msg: str) -> None:

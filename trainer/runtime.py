@@ -1,10 +1,16 @@
 """Process start-up: logical CPU devices and joining a multi-process job. Runs before JAX's backend."""
 
+import ipaddress
 import os
 
 import jax
 
 from trainer.errors import UserError
+
+# Optional overrides of jax.distributed's timeouts (seconds). The local launcher sets short ones so a
+# job whose peer never comes up, or dies, ends in seconds rather than JAX's 300 s / 100 s defaults.
+INIT_TIMEOUT_ENV = "JAX_INIT_TIMEOUT_S"
+HEARTBEAT_TIMEOUT_ENV = "JAX_HEARTBEAT_TIMEOUT_S"
 
 
 def configure_cpu_devices(n: int | None) -> None:
@@ -24,20 +30,78 @@ def _cluster_env() -> bool:
   return "JAX_COORDINATOR_ADDRESS" in os.environ and "JAX_NUM_PROCESSES" in os.environ
 
 
-def join_job(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:
-  """Joins a multi-process job from explicit flags or the environment; else runs alone."""
+def _seconds(given: int | None, env: str) -> int | None:
+  """A timeout from the caller, else from the environment, else None (JAX's default)."""
+  if given is None and os.environ.get(env):
+    try:
+      given = int(os.environ[env])
+    except ValueError:
+      raise UserError(f"{env}={os.environ[env]!r}: must be a whole number of seconds") from None
+  if given is not None and given < 1:
+    raise UserError(f"a distributed timeout of {given} s is too short; use at least 1 (from {env} or a flag)")
+  return given
+
+
+def _loopback_bind_address(coordinator: str) -> str | None:
+  """HOST:PORT to bind the coordinator to when HOST is loopback, else None (JAX binds [::]:PORT).
+
+  JAX's default binds every interface; a job whose coordinator is 127.0.0.1 has no reason to
+  accept connections from other machines (invariant 8), so it listens on loopback only.
+  """
+  if os.environ.get("JAX_COORDINATOR_BIND_ADDRESS"):
+    return None  # The user chose; jax.distributed reads it.
+  host = coordinator.rsplit(":", 1)[0].strip("[]")
+  if host == "localhost":
+    return coordinator
+  try:
+    return coordinator if ipaddress.ip_address(host).is_loopback else None
+  except ValueError:
+    return None  # A host name: it may be any machine.
+
+
+def _initialize(coordinator, num_processes, process_id, init_timeout_s, heartbeat_timeout_s) -> None:
+  kwargs = {}
+  init_timeout_s = _seconds(init_timeout_s, INIT_TIMEOUT_ENV)
+  heartbeat_timeout_s = _seconds(heartbeat_timeout_s, HEARTBEAT_TIMEOUT_ENV)
+  if init_timeout_s is not None:
+    kwargs["initialization_timeout"] = init_timeout_s
+  if heartbeat_timeout_s is not None:
+    kwargs["heartbeat_timeout_seconds"] = heartbeat_timeout_s
+  if coordinator is not None and (bind := _loopback_bind_address(coordinator)):
+    kwargs["coordinator_bind_address"] = bind
+  # A coordinator that never answers ends the process with a fatal log from inside JAX after
+  # `initialization_timeout` (exit 134), not with an exception: there is nothing here to catch.
+  jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id, **kwargs)
+
+
+def join_job(
+  coordinator: str | None,
+  num_processes: int | None,
+  process_id: int | None,
+  init_timeout_s: int | None = None,
+  heartbeat_timeout_s: int | None = None,
+) -> None:
+  """Joins a multi-process job from explicit flags or the environment; else runs alone.
+
+  `init_timeout_s` bounds the wait for every process to connect; `heartbeat_timeout_s` is how long
+  a silent peer is tolerated before the job ends. None reads JAX_INIT_TIMEOUT_S /
+  JAX_HEARTBEAT_TIMEOUT_S, and without those JAX's defaults (300 s / 100 s) apply.
+  """
   given = [coordinator is not None, num_processes is not None, process_id is not None]
   if any(given) and not all(given):
     raise UserError("--coordinator_address, --num_processes and --process_id go together")
   if all(given):
     if not 0 <= process_id < num_processes:
       raise UserError(f"--process_id={process_id} must be in [0, {num_processes})")
-    jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+    _initialize(coordinator, num_processes, process_id, init_timeout_s, heartbeat_timeout_s)
   elif os.environ.get("JAX_COORDINATOR_ADDRESS") and os.environ.get("JAX_NUM_PROCESSES"):
-    jax.distributed.initialize(
-      os.environ["JAX_COORDINATOR_ADDRESS"],
-      num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-      process_id=int(os.environ["JAX_PROCESS_ID"]),
-    )
+    try:
+      num, pid = int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"])
+    except (KeyError, ValueError):
+      raise UserError(
+        "JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES are set: JAX_PROCESS_ID must be set too, to an integer"
+      ) from None
+    _initialize(os.environ["JAX_COORDINATOR_ADDRESS"], num, pid, init_timeout_s, heartbeat_timeout_s)
   elif _cluster_env():
-    jax.distributed.initialize()  # SLURM / Kubernetes: JAX reads the scheduler's environment.
+    # SLURM / Kubernetes: JAX reads the scheduler's environment.
+    _initialize(None, None, None, init_timeout_s, heartbeat_timeout_s)

@@ -11,14 +11,13 @@ from data import pipeline
 from trainer import checkpointing, components
 from trainer import state as state_lib
 from trainer.errors import UserError
-from trainer.metrics import MetricsLog, console, device_label, progress_line
+from trainer.metrics import MetricsLog, Window, console, device_label, progress_line
 from trainer.step import make_eval_step, make_train_step
 
 
 def evaluate(comp: components.Components, eval_step, params, config) -> dict:
   """Held-out loss over `eval_steps` batches: sums and counts added up, divided once."""
-  rows = pipeline.process_rows(comp.batch_sharding, comp.plan.global_batch_size)
-  local = pipeline.LocalBatches(comp.sources.eval, comp.eval_plan, rows, config.data.seq_len)
+  local = components.local_batches(comp, config, "eval")
   totals = None
   for t in range(config.eval_steps):
     batch = pipeline.to_global(local(t), comp.batch_sharding, comp.plan.global_batch_size)
@@ -41,7 +40,7 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
 
   # --- Setup: mesh, experiment, data order, optimizer, shardings (config errors surface here).
   comp = components.build(config)
-  b, seq_len = config.global_batch_size, config.data.seq_len
+  b = config.global_batch_size
   console(f"devices: {device_label()}; mesh {dict(comp.mesh.shape)}")
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -61,15 +60,15 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
   else:
     target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
     state, position = checkpointing.restore(manager, latest, target)
-    if position["next_batch"] != latest:
-      raise UserError(f"checkpoint {latest} holds data position {position}; it does not match")
+    checkpointing.check_data_position(position, latest, comp, config.data.allow_changed_data)
     console(f"resumed from checkpoint {latest}")
   start = int(state.step)
   console(f"params: {state_lib.param_count(state.params):,}; steps {start} -> {config.steps}")
 
   # --- Compile ahead of time, so compile time is measured apart from step time.
   t0 = time.time()
-  batch_spec = components.abstract_batch(comp, seq_len)
+  local_batches = components.local_batches(comp, config)
+  batch_spec = pipeline.global_spec(local_batches(start), comp.batch_sharding, b)
   train_step = make_train_step(comp, config.microbatches)
   eval_step = make_eval_step(comp)
   with jax.set_mesh(comp.mesh):
@@ -78,20 +77,16 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
 
   # --- The loop. Batches for steps [start, steps) are prepared ahead by Grain reader threads.
   log = MetricsLog(workdir, resume_step=start)
-  rows = pipeline.process_rows(comp.batch_sharding, b)
-  local_batches = pipeline.LocalBatches(comp.sources.train, comp.plan, rows, seq_len)
   last_step = config.steps if stop_after is None else min(stop_after, config.steps)
   batches = pipeline.local_batch_iterator(
-    local_batches, start, last_step, config.data.read_threads, config.data.prefetch
+    local_batches,
+    start,
+    last_step,
+    config.data.read_threads,
+    config.data.prefetch,
+    config.data.worker_processes,
   )
-  new_window = lambda: {
-    "start": time.time(),
-    "steps": 0,
-    "data_wait": 0.0,
-    "dispatch": 0.0,
-    "ckpt": 0.0,
-  }
-  window, last, eval_row = new_window(), {}, {}
+  window, last, eval_row, tokens_seen = Window(), {}, {}, 0.0
   for step in range(start + 1, last_step + 1):
     t0 = time.time()
     t, local = next(batches)
@@ -102,41 +97,16 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
     t1 = time.time()
     state, metrics = train_step(state, batch)
     t2 = time.time()
-    window["data_wait"] += t1 - t0
-    window["dispatch"] += t2 - t1
-    window["steps"] += 1
+    window.add_step(data_wait_s=t1 - t0, dispatch_s=t2 - t1, valid_tokens=metrics["valid_tokens"])
 
     if step % config.log_every == 0 or step == last_step:
       metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
-      now = time.time()
-      elapsed = now - window["start"]
-      tokens = float(metrics["valid_tokens"])
-      row = {
-        "step": step,
-        "time": now,
-        **{k: float(v) for k, v in metrics.items()},
-        "valid_examples": comp.plan.valid_rows(t),
-        "step_time_s": elapsed / window["steps"],
-        "data_wait_s": window["data_wait"] / window["steps"],
-        "tokens_per_s": tokens * window["steps"] / elapsed,
-      }
+      row, process_row = window.close(step, metrics, comp.plan.valid_rows(t), time.time() - t2)
       log.write(row)
-      log.write_process(
-        {
-          "step": step,
-          "time": now,
-          "process": jax.process_index(),
-          "steps": window["steps"],
-          "data_wait_s": window["data_wait"],
-          "dispatch_s": window["dispatch"],
-          "device_wait_s": now - t2,
-          "checkpoint_block_s": window["ckpt"],
-        }
-      )
+      log.write_process(process_row)
       eta = (config.steps - step) * row["step_time_s"]
       console(progress_line(step, config.steps, row["loss"], row["tokens_per_s"], eta))
-      last = row
-      window = new_window()
+      last, tokens_seen, window = row, tokens_seen + window.tokens, Window()
 
     if config.eval_every and step % config.eval_every == 0 and step != config.steps:
       eval_row = evaluate(comp, eval_step, state.params, config)
@@ -145,8 +115,8 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
 
     if step % config.checkpoint.every == 0 or step == last_step:
       t3 = time.time()
-      checkpointing.save(manager, step, state, comp.plan, config)  # Async: the write goes on.
-      window["ckpt"] += time.time() - t3
+      checkpointing.save(manager, step, state, comp, config)  # Async: the write goes on.
+      window.checkpoint += time.time() - t3
 
   # --- The end: final evaluation, wait for the last write, summary.
   if config.eval_steps and int(state.step) == config.steps:
@@ -161,7 +131,7 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
     **eval_row,
     "loss_floor": comp.sources.loss_floor,
     "examples_seen": comp.plan.examples_before(int(state.step)),
-    "tokens_seen": comp.plan.examples_before(int(state.step)) * seq_len,
+    "tokens_trained_this_run": tokens_seen,
     "wall_s": time.time() - t_start,
     "compile_s": compile_s,
     "devices": device_label(),

@@ -76,7 +76,7 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   theta0 = jax.device_get(state.params)
   step_mesh = make_train_step(sharded, config.microbatches, with_grads=True)
   step_one = make_train_step(single, config.microbatches, with_grads=True)
-  local = pipeline.LocalBatches(sharded.sources.train, sharded.plan, (0, b), config.data.seq_len)
+  local = components.local_batches(sharded, config)
 
   console(
     f"verify: {device_label()} on mesh {dict(sharded.mesh.shape)}, strategy "
