@@ -108,6 +108,9 @@ class ArrayRecordSource:
       )
     return {"tokens": np.frombuffer(data, "<i4").astype(np.int32)}
 
+  def __getitems__(self, indices) -> list[dict[str, np.ndarray]]:
+    return [self[i] for i in indices]
+
   def __getstate__(self):
     return {"directory": self.directory, "split": self.split, "seq_len": self.seq_len}
 

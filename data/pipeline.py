@@ -9,6 +9,8 @@ The data position is the step itself: batch t is a pure function of (seed, t).
 
 import dataclasses
 import math
+import queue
+import threading
 
 import grain
 import jax
@@ -82,9 +84,9 @@ class LocalBatches:
     lo, hi = self.rows
     ids = self.plan.record_ids(int(t))[lo:hi]
     tokens = np.zeros((hi - lo, self.seq_len + 1), np.int32)
-    for row, rid in enumerate(ids):
-      if rid != PAD:
-        tokens[row] = self.source[int(rid)]["tokens"]
+    valid = ids != PAD
+    if valid.any():
+      tokens[valid] = [r["tokens"] for r in read_records(self.source, ids[valid])]
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     weights = np.broadcast_to((ids != PAD)[:, None], inputs.shape)
     if self.pad_id is not None:
@@ -95,6 +97,14 @@ class LocalBatches:
       weights = weights & (inputs != self.eos_id)  # After a document's end comes another document.
     batch["weights"] = weights.astype(np.float32)
     return batch
+
+
+def read_records(source, indices) -> list:
+  """Records at `indices`, in one batched read when the source offers Grain's __getitems__."""
+  indices = [int(i) for i in indices]
+  if hasattr(source, "__getitems__"):
+    return list(source.__getitems__(indices))
+  return [source[i] for i in indices]
 
 
 def segments(inputs: np.ndarray, eos_id: int) -> dict[str, np.ndarray]:
@@ -132,6 +142,52 @@ def local_batch_iterator(
   if workers:
     it = it.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(num_workers=workers))
   return iter(it)
+
+
+class DevicePrefetch:
+  """Iterator of (t, local batch, global jax.Array batch): a background thread assembles the next
+  `depth` batches on the devices while the current step runs, so the loop never waits for the
+  host-to-device copy (on CPU devices that copy otherwise queues behind the running step)."""
+
+  _END = object()
+
+  def __init__(self, batches, sharding, global_batch_size: int, depth: int = 2):
+    self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+    self._closed = threading.Event()
+    args = (batches, sharding, global_batch_size)
+    self._thread = threading.Thread(target=self._fill, args=args, daemon=True, name="device_prefetch")
+    self._thread.start()
+
+  def _fill(self, batches, sharding, global_batch_size):
+    try:
+      for t, local in batches:
+        item = (t, local, to_global(local, sharding, global_batch_size))
+        while not self._closed.is_set():
+          try:
+            self._queue.put(item, timeout=0.1)
+            break
+          except queue.Full:
+            continue
+        if self._closed.is_set():
+          return
+      self._queue.put(self._END)
+    except BaseException as e:  # Re-raised in the training loop, not lost in this thread.
+      self._queue.put(e)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    item = self._queue.get()
+    if item is self._END:
+      raise StopIteration
+    if isinstance(item, BaseException):
+      raise item
+    return item
+
+  def close(self) -> None:
+    self._closed.set()
+    self._thread.join(timeout=5)
 
 
 def to_global(local: dict[str, np.ndarray], sharding, global_batch_size: int) -> dict[str, jax.Array]:

@@ -27,14 +27,16 @@ class MarkovChain:
     row_entropy = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=1)
     return float(self.stationary @ row_entropy)
 
-  def sample(self, length: int, rng: np.random.Generator) -> np.ndarray:
-    u = rng.random(length)
-    out = np.empty(length, np.int32)
-    state = int(np.searchsorted(self.start_cdf, u[0], side="right"))
-    out[0] = state
+  def sample(self, uniforms: np.ndarray) -> np.ndarray:
+    """Sequences [n, length] by inverse-CDF sampling of uniforms [n, length]; vectorized over the n
+    sequences (a chain is sequential in its length only)."""
+    n, length = uniforms.shape
+    out = np.empty((n, length), np.int32)
+    state = np.sum(self.start_cdf[None, :] <= uniforms[:, :1], axis=1)
+    out[:, 0] = state
     for i in range(1, length):
-      state = int(np.searchsorted(self.cdf[state], u[i], side="right"))
-      out[i] = state
+      state = np.sum(self.cdf[state] <= uniforms[:, i : i + 1], axis=1)
+      out[:, i] = state
     return out
 
 
@@ -56,7 +58,14 @@ class MarkovSource:
     return self.num_records
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    if not 0 <= index < self.num_records:
-      raise IndexError(index)
-    rng = np.random.default_rng([self.seed, self.split, int(index)])
-    return {"tokens": self.chain.sample(self.seq_len + 1, rng)}
+    return self.__getitems__([index])[0]
+
+  def __getitems__(self, indices) -> list[dict[str, np.ndarray]]:
+    """Grain's batched read: many records in one vectorized pass, each still a function of its index."""
+    for i in indices:
+      if not 0 <= i < self.num_records:
+        raise IndexError(i)
+    uniforms = np.stack(
+      [np.random.default_rng([self.seed, self.split, int(i)]).random(self.seq_len + 1) for i in indices]
+    )
+    return [{"tokens": row} for row in self.chain.sample(uniforms)]

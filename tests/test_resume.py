@@ -16,3 +16,16 @@ def test_resume_is_bitwise_identical(tmp_path):
   resumed = train_losses(str(tmp_path / "interrupted"))
   assert sorted(resumed) == list(range(1, 8))
   assert resumed == straight  # Exact equality, every step after the interruption included.
+
+
+def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
+  import pytest
+
+  from trainer.errors import UserError
+
+  train(tiny_config(steps=4), str(tmp_path), stop_after=2)
+  changed = tiny_config(steps=4, **{"data.num_examples": 5000})
+  with pytest.raises(UserError, match="data changed since checkpoint 2.*allow_changed_data"):
+    train(changed, str(tmp_path))
+  changed.data.allow_changed_data = True
+  assert train(changed, str(tmp_path))["final_step"] == 4

@@ -2,6 +2,7 @@
 
 import ipaddress
 import os
+import sys
 
 import jax
 
@@ -11,6 +12,7 @@ from trainer.errors import UserError
 # job whose peer never comes up, or dies, ends in seconds rather than JAX's 300 s / 100 s defaults.
 INIT_TIMEOUT_ENV = "JAX_INIT_TIMEOUT_S"
 HEARTBEAT_TIMEOUT_ENV = "JAX_HEARTBEAT_TIMEOUT_S"
+SHUTDOWN_TIMEOUT_ENV = "JAX_SHUTDOWN_TIMEOUT_S"
 
 
 def configure_cpu_devices(n: int | None) -> None:
@@ -59,19 +61,44 @@ def _loopback_bind_address(coordinator: str) -> str | None:
     return None  # A host name: it may be any machine.
 
 
-def _initialize(coordinator, num_processes, process_id, init_timeout_s, heartbeat_timeout_s) -> None:
+def _initialize(
+  coordinator, num_processes, process_id, init_timeout_s, heartbeat_timeout_s, shutdown_timeout_s
+):
   kwargs = {}
-  init_timeout_s = _seconds(init_timeout_s, INIT_TIMEOUT_ENV)
-  heartbeat_timeout_s = _seconds(heartbeat_timeout_s, HEARTBEAT_TIMEOUT_ENV)
-  if init_timeout_s is not None:
-    kwargs["initialization_timeout"] = init_timeout_s
-  if heartbeat_timeout_s is not None:
-    kwargs["heartbeat_timeout_seconds"] = heartbeat_timeout_s
+  for name, given, env in (
+    ("initialization_timeout", init_timeout_s, INIT_TIMEOUT_ENV),
+    ("heartbeat_timeout_seconds", heartbeat_timeout_s, HEARTBEAT_TIMEOUT_ENV),
+    ("shutdown_timeout_seconds", shutdown_timeout_s, SHUTDOWN_TIMEOUT_ENV),
+  ):
+    if (seconds := _seconds(given, env)) is not None:
+      kwargs[name] = seconds
   if coordinator is not None and (bind := _loopback_bind_address(coordinator)):
     kwargs["coordinator_bind_address"] = bind
   # A coordinator that never answers ends the process with a fatal log from inside JAX after
   # `initialization_timeout` (exit 134), not with an exception: there is nothing here to catch.
   jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id, **kwargs)
+  previous_hook = sys.excepthook
+
+  def exit_on_uncaught(exc_type, exc, tb):
+    previous_hook(exc_type, exc, tb)  # The traceback first: it is the report.
+    exit_now_if_joined(130 if issubclass(exc_type, KeyboardInterrupt) else 1)
+
+  sys.excepthook = exit_on_uncaught
+
+
+def exit_now_if_joined(code: int) -> None:
+  """In a multi-process job, ends this process at once with `code`; otherwise returns.
+
+  A normal exit runs JAX's atexit shutdown, which waits at a barrier for every process (300 s by
+  default). A process that failed would wait there for peers that are blocked in a collective
+  waiting for it, and the job would hang instead of ending. Leaving without exit hooks lets the
+  launcher, or the peers' heartbeats, end the job. Nothing is lost that a restart needs: Orbax
+  commits a checkpoint step atomically, and metrics files are flushed row by row.
+  """
+  if jax.distributed.is_initialized():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def join_job(
@@ -80,6 +107,7 @@ def join_job(
   process_id: int | None,
   init_timeout_s: int | None = None,
   heartbeat_timeout_s: int | None = None,
+  shutdown_timeout_s: int | None = None,
 ) -> None:
   """Joins a multi-process job from explicit flags or the environment; else runs alone.
 
@@ -93,7 +121,9 @@ def join_job(
   if all(given):
     if not 0 <= process_id < num_processes:
       raise UserError(f"--process_id={process_id} must be in [0, {num_processes})")
-    _initialize(coordinator, num_processes, process_id, init_timeout_s, heartbeat_timeout_s)
+    _initialize(
+      coordinator, num_processes, process_id, init_timeout_s, heartbeat_timeout_s, shutdown_timeout_s
+    )
   elif os.environ.get("JAX_COORDINATOR_ADDRESS") and os.environ.get("JAX_NUM_PROCESSES"):
     try:
       num, pid = int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"])
@@ -101,7 +131,9 @@ def join_job(
       raise UserError(
         "JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES are set: JAX_PROCESS_ID must be set too, to an integer"
       ) from None
-    _initialize(os.environ["JAX_COORDINATOR_ADDRESS"], num, pid, init_timeout_s, heartbeat_timeout_s)
+    _initialize(
+      os.environ["JAX_COORDINATOR_ADDRESS"], num, pid, init_timeout_s, heartbeat_timeout_s, shutdown_timeout_s
+    )
   elif _cluster_env():
     # SLURM / Kubernetes: JAX reads the scheduler's environment.
-    _initialize(None, None, None, init_timeout_s, heartbeat_timeout_s)
+    _initialize(None, None, None, init_timeout_s, heartbeat_timeout_s, shutdown_timeout_s)

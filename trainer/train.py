@@ -86,14 +86,14 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
     config.data.prefetch,
     config.data.worker_processes,
   )
+  batches = pipeline.DevicePrefetch(batches, comp.batch_sharding, b, depth=config.data.prefetch)
   window, last, eval_row, tokens_seen = Window(), {}, {}, 0.0
   for step in range(start + 1, last_step + 1):
     t0 = time.time()
-    t, local = next(batches)
+    t, _, batch = next(batches)
     assert t == step - 1, (t, step)  # Batch t trains step t + 1: the data position is the step.
     if comp.plan.valid_rows(t) == 0:
       raise UserError(f"global batch {t} has no valid examples; refusing an empty step")
-    batch = pipeline.to_global(local, comp.batch_sharding, b)
     t1 = time.time()
     state, metrics = train_step(state, batch)
     t2 = time.time()
@@ -119,6 +119,7 @@ def train(config, workdir: str, stop_after: int | None = None) -> dict:
       window.checkpoint += time.time() - t3
 
   # --- The end: final evaluation, wait for the last write, summary.
+  batches.close()
   if config.eval_steps and int(state.step) == config.steps:
     eval_row = evaluate(comp, eval_step, state.params, config)
     log.write({"step": int(state.step), "time": time.time(), **eval_row})
