@@ -17,10 +17,18 @@ _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "Run on N logical CPU d
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the job.")
+_INIT_TIMEOUT = flags.DEFINE_integer(
+  "distributed_init_timeout_s", None, "Seconds to wait for every process to join (JAX default 300)."
+)
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+  "distributed_heartbeat_timeout_s", None, "Seconds before a silent peer ends the job (JAX default 100)."
+)
 
 
 def _fail(msg: str) -> None:
   print(f"error: {msg}", file=sys.stderr, flush=True)
+  if (runtime := sys.modules.get("trainer.runtime")) is not None:
+    runtime.exit_now_if_joined(2)  # Not to wait at JAX's shutdown barrier for peers blocked on this one.
   sys.exit(2)
 
 
@@ -47,7 +55,13 @@ def main(argv):
     from trainer import runtime
 
     runtime.configure_cpu_devices(_CPU_DEVICES.value)
-    runtime.join_job(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    runtime.join_job(
+      _COORDINATOR.value,
+      _NUM_PROCESSES.value,
+      _PROCESS_ID.value,
+      init_timeout_s=_INIT_TIMEOUT.value,
+      heartbeat_timeout_s=_HEARTBEAT_TIMEOUT.value,
+    )
     from trainer.run import run
 
     run(_CONFIG.value, _WORKDIR.value, _MODE.value)

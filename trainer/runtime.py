@@ -112,8 +112,10 @@ def join_job(
   """Joins a multi-process job from explicit flags or the environment; else runs alone.
 
   `init_timeout_s` bounds the wait for every process to connect; `heartbeat_timeout_s` is how long
-  a silent peer is tolerated before the job ends. None reads JAX_INIT_TIMEOUT_S /
-  JAX_HEARTBEAT_TIMEOUT_S, and without those JAX's defaults (300 s / 100 s) apply.
+  a silent peer is tolerated before the job ends; `shutdown_timeout_s` bounds the wait for the
+  others at exit. None reads JAX_INIT_TIMEOUT_S / JAX_HEARTBEAT_TIMEOUT_S / JAX_SHUTDOWN_TIMEOUT_S,
+  and without those JAX's defaults (300 s / 100 s / 300 s) apply. A process that joined exits at
+  once on an uncaught exception (see exit_now_if_joined).
   """
   given = [coordinator is not None, num_processes is not None, process_id is not None]
   if any(given) and not all(given):

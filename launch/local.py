@@ -1,0 +1,251 @@
+"""Runs P real processes of main.py on this machine, joined by jax.distributed over 127.0.0.1.
+
+  python launch/local.py --processes=2 --cpu_devices=4 -- --config=configs/smoke_cpu.py --workdir=runs/mp
+
+Every process gets `--coordinator_address=127.0.0.1:PORT --num_processes=P --process_id=I
+--cpu_devices=D` followed by the flags after `--`. Their output comes back line by line, prefixed
+`[pI] `. SIGINT and SIGTERM are passed on to every process (a second one kills them). When one
+process exits non-zero the others are stopped (SIGTERM, then SIGKILL after --grace_s) and the
+launcher exits with that code; it exits 0 when all succeed.
+
+A process in a jax.distributed job does not die of SIGTERM: JAX's preemption service catches it
+and only a training loop that polls `multihost_utils.reached_preemption_sync_point` acts on it.
+Whatever is still running --grace_s seconds after a signal is killed.
+"""
+
+import argparse
+import ctypes
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Short jax.distributed timeouts (seconds), read by trainer/runtime.py: on one machine every process
+# starts within seconds and finishes within seconds of the others, so a peer that never connects,
+# goes silent, or never reaches the exit barrier should end the job in seconds, not minutes.
+CHILD_ENV_DEFAULTS = {
+  "JAX_INIT_TIMEOUT_S": "60",
+  "JAX_HEARTBEAT_TIMEOUT_S": "10",
+  "JAX_SHUTDOWN_TIMEOUT_S": "30",
+}
+
+
+def _log(msg: str) -> None:
+  print(f"[launch] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+  """A TCP port free on loopback now. Another program could take it before process 0 binds it;
+  on a test machine that race is rare, and the job then fails at start-up rather than misbehaving."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+  """Runs in each child before exec: the kernel sends it SIGKILL if the launcher dies, even by
+  SIGKILL, so no orphaned process holds a port or a collective."""
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG (Linux).
+  except (OSError, AttributeError):
+    pass  # Not Linux: the launcher's own cleanup still applies.
+
+
+class _Output:
+  """Copies a child's pipe to ours line by line with a prefix; one lock keeps lines whole."""
+
+  lock = threading.Lock()
+
+  def __init__(self, pipe, dest, prefix: bytes):
+    self.thread = threading.Thread(target=self._pump, args=(pipe, dest, prefix), daemon=True)
+    self.thread.start()
+
+  @classmethod
+  def _pump(cls, pipe, dest, prefix: bytes) -> None:
+    broken = False
+    with pipe:
+      for line in iter(pipe.readline, b""):
+        if broken:
+          continue  # Keep draining: a child blocked on a full pipe would never exit.
+        if not line.endswith(b"\n"):
+          line += b"\n"  # A last line without its newline must not run into another process's.
+        with cls.lock:
+          try:
+            dest.write(prefix + line)
+            dest.flush()
+          except OSError:  # Our reader went away (e.g. `| head`).
+            broken = True
+
+
+class Job:
+  """The processes of one job: started together, watched together, stopped together."""
+
+  def __init__(self, argv_per_process: list[list[str]], env: dict[str, str], grace_s: float):
+    self.argv_per_process, self.env, self.grace_s = argv_per_process, env, grace_s
+    self.procs: list[subprocess.Popen] = []
+    self.outputs: list[_Output] = []
+    self.signalled: int | None = None
+
+  def start(self) -> None:
+    for i, argv in enumerate(self.argv_per_process):
+      if self.signalled is not None:
+        return  # Interrupted while starting: start no more.
+      # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards it
+      # exactly once; and killpg also reaches anything a process started (e.g. Grain workers).
+      p = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=self.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+      )
+      self.procs.append(p)
+      prefix = f"[p{i}] ".encode()
+      self.outputs.append(_Output(p.stdout, sys.stdout.buffer, prefix))
+      self.outputs.append(_Output(p.stderr, sys.stderr.buffer, prefix))
+
+  def kill_all(self, sig: int) -> None:
+    for p in self.procs:
+      if p.poll() is None:
+        try:
+          os.killpg(p.pid, sig)
+        except ProcessLookupError:
+          pass
+
+  def on_signal(self, signum, frame) -> None:
+    if self.signalled is None:
+      self.signalled = signum
+      _log(f"got {signal.Signals(signum).name}; passing it to every process")
+      self.kill_all(signum)
+    else:
+      _log("second signal; killing every process")
+      self.kill_all(signal.SIGKILL)
+
+  def _running(self) -> list[int]:
+    return [i for i, p in enumerate(self.procs) if p.poll() is None]
+
+  def _stop(self, terminate: bool) -> None:
+    """Optionally SIGTERM the processes still running; SIGKILL those left after the grace period."""
+    if terminate:
+      self.kill_all(signal.SIGTERM)
+    deadline = time.monotonic() + self.grace_s
+    while self._running() and time.monotonic() < deadline:
+      time.sleep(0.05)
+    if self._running():
+      _log(f"processes {self._running()} still running {self.grace_s:g} s later; killing them")
+      self.kill_all(signal.SIGKILL)
+    for p in self.procs:
+      p.wait()
+
+  def wait(self) -> int:
+    """Waits for every process and returns the launcher's exit code."""
+    # One waiter per process reports exits in the order they happen, so the process that failed
+    # first is named even when its peers fail a moment later (their collectives lost a partner).
+    exits: queue.Queue[int] = queue.Queue()
+    for i, p in enumerate(self.procs):
+      threading.Thread(target=lambda i=i, p=p: (p.wait(), exits.put(i)), daemon=True).start()
+    failure, left = None, len(self.procs)
+    while left and failure is None and self.signalled is None:
+      try:
+        i = exits.get(timeout=0.1)
+      except queue.Empty:
+        continue
+      left -= 1
+      if self.procs[i].returncode != 0:
+        failure = (i, self.procs[i].returncode)
+    if failure is not None:
+      running = self._running()
+      _log(
+        f"process {failure[0]} exited with code {failure[1]}" + (f"; stopping {running}" if running else "")
+      )
+    if self.signalled is not None:
+      self._stop(terminate=False)  # The forwarded signal already asked them to stop.
+    elif failure is not None:
+      self._stop(terminate=True)
+    for out in self.outputs:
+      out.thread.join(timeout=5)  # A grandchild holding a pipe open must not hang the launcher.
+    if self.signalled is not None:
+      return 128 + self.signalled
+    if failure is not None:
+      code = failure[1]
+      return 128 - code if code < 0 else code  # Killed by signal N: the shell's 128 + N.
+    return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+    prog="launch/local.py",
+    description="Run P processes of main.py on 127.0.0.1, joined by jax.distributed.",
+    usage="%(prog)s --processes=P --cpu_devices=D [--grace_s=S] -- MAIN_FLAGS...",
+  )
+  parser.add_argument("--processes", type=int, required=True, help="number of processes (P)")
+  parser.add_argument("--cpu_devices", type=int, required=True, help="logical CPU devices per process (D)")
+  parser.add_argument("--port", type=int, default=0, help="coordinator port on 127.0.0.1; 0 picks a free one")
+  parser.add_argument(
+    "--grace_s", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping processes"
+  )
+  parser.add_argument(
+    "--main", default=os.path.join(REPO, "main.py"), help="program every process runs (tests pass a stub)"
+  )
+  if "--" in argv:
+    cut = argv.index("--")
+    own, main_flags = argv[:cut], argv[cut + 1 :]
+  else:
+    own, main_flags = argv, []
+  args = parser.parse_args(own)
+  if args.processes < 1:
+    parser.error(f"--processes={args.processes}: must be at least 1")
+  if args.cpu_devices < 1:
+    parser.error(f"--cpu_devices={args.cpu_devices}: must be at least 1")
+  if args.grace_s < 0:
+    parser.error(f"--grace_s={args.grace_s}: must not be negative")
+  reserved = ("--coordinator_address", "--num_processes", "--process_id", "--cpu_devices")
+  for flag in main_flags:
+    if flag.split("=", 1)[0] in reserved:
+      parser.error(f"{flag.split('=', 1)[0]} is set by the launcher; remove it after `--`")
+  args.main_flags = main_flags
+  return args
+
+
+def main(argv: list[str]) -> int:
+  args = parse_args(argv)
+  port = args.port or free_port()
+  env = dict(os.environ)
+  for key, value in CHILD_ENV_DEFAULTS.items():
+    env.setdefault(key, value)
+  env["PYTHONUNBUFFERED"] = "1"  # Lines arrive as they are printed, not when a buffer fills.
+  # Only the loopback interface: nothing outside this machine can reach the coordinator.
+  env["JAX_COORDINATOR_BIND_ADDRESS"] = f"127.0.0.1:{port}"
+  argv_per_process = [
+    [
+      sys.executable,
+      args.main,
+      f"--coordinator_address=127.0.0.1:{port}",
+      f"--num_processes={args.processes}",
+      f"--process_id={i}",
+      f"--cpu_devices={args.cpu_devices}",
+      *args.main_flags,
+    ]
+    for i in range(args.processes)
+  ]
+  job = Job(argv_per_process, env, args.grace_s)
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, job.on_signal)
+  try:
+    job.start()
+    return job.wait()
+  finally:
+    job.kill_all(signal.SIGKILL)  # Only reached with live processes if the launcher itself failed.
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
