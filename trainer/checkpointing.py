@@ -1,36 +1,41 @@
-"""Orbax checkpoints of the complete training state: params, optimizer, step, RNG, data position
-and the resolved config. Saves are asynchronous; a step directory appears only once complete."""
+"""Orbax checkpoints of the complete training state: params, optimizer state, step, RNG, data
+position, the resolved config and a metadata record (mesh, devices, library versions, code revision).
 
+Saves are asynchronous and atomic: a step directory appears only once complete; partial ones left by
+a kill are ignored and cleaned. A background save error surfaces in the loop at the next step.
+"""
+
+import dataclasses
 import json
 import os
+import subprocess
+import time
+from importlib import metadata as importlib_metadata
 
+import jax
 import orbax.checkpoint as ocp
+from absl import logging
 
 from trainer.errors import UserError
 from trainer.state import TrainState
 
-DATA_POSITION_VERSION = 1
+DATA_POSITION_VERSION = 2
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TEST_PAUSE_ENV = "TRAINER_TEST_PAUSE_IN_SAVE_S"  # Tests only: hold a save open to kill it mid-write.
 
 
-def make_manager(workdir: str, keep: int) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(
-    max_to_keep=keep,
-    enable_async_checkpointing=True,
-    create=True,
-  )
-  return ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints"), options=options)
-
-
-def data_position(step: int, plan, fingerprint: str) -> dict:
-  """The data position is (seed, step): global batch `step` is the next one to train on. It does
-  not depend on the number of processes or devices, so it restores onto any topology."""
+def data_position(step: int, batch_offset: int, comp) -> dict:
+  """Where the data stands after `step` steps: the next global batch is step + batch_offset (the offset
+  counts batches skipped by a NaN rollback). Independent of process and device counts."""
   return {
     "version": DATA_POSITION_VERSION,
-    "next_batch": step,
-    "seed": plan.seed,
-    "num_records": plan.num_records,
-    "global_batch_size": plan.global_batch_size,
-    "fingerprint": fingerprint,
+    "step": step,
+    "next_batch": step + batch_offset,
+    "batch_offset": batch_offset,
+    "seed": comp.plan.seed,
+    "num_records": comp.plan.num_records,
+    "global_batch_size": comp.plan.global_batch_size,
+    "fingerprint": comp.sources.fingerprint,
   }
 
 
@@ -40,9 +45,9 @@ def check_data_position(saved: dict, step: int, comp, allow_changed_data: bool) 
     raise UserError(
       f"checkpoint {step}: data position version {saved.get('version')} is not {DATA_POSITION_VERSION}"
     )
-  if saved["next_batch"] != step:
-    raise UserError(f"checkpoint {step}: its data position says batch {saved['next_batch']}, not {step}")
-  now = data_position(step, comp.plan, comp.sources.fingerprint)
+  if saved["step"] != step or saved["next_batch"] != step + saved["batch_offset"]:
+    raise UserError(f"checkpoint {step}: its data position {saved} does not belong to step {step}")
+  now = data_position(step, saved["batch_offset"], comp)
   for key in ("seed", "global_batch_size"):
     if saved[key] != now[key]:
       raise UserError(
@@ -58,23 +63,156 @@ def check_data_position(saved: dict, step: int, comp, allow_changed_data: bool) 
     )
 
 
-def save(manager: ocp.CheckpointManager, step: int, state: TrainState, comp, config) -> None:
-  """Starts an async save of `step`; blocks only for the device-to-host copy."""
-  manager.save(
-    step,
-    args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
-      data=ocp.args.JsonSave(data_position(step, comp.plan, comp.sources.fingerprint)),
-      config=ocp.args.JsonSave(json.loads(config.to_json())),
-    ),
-    force=True,  # The loop decides when; Orbax would also save the first step it sees.
-  )
+def run_metadata(comp, config) -> dict:
+  """What produced a checkpoint: for a reader deciding whether and how to restore it."""
+  try:
+    revision = subprocess.run(
+      ["git", "rev-parse", "HEAD"], cwd=_REPO, capture_output=True, text=True, timeout=5
+    ).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    revision = ""
+  versions = {p: importlib_metadata.version(p) for p in ("jax", "flax", "optax", "orbax-checkpoint", "grain")}
+  devices = jax.devices()
+  return {
+    "mesh": dict(comp.mesh.shape),
+    "strategy": config.sharding.strategy,
+    "device_kind": devices[0].device_kind,
+    "platform": devices[0].platform,
+    "device_count": len(devices),
+    "process_count": jax.process_count(),
+    "versions": versions,
+    "git_revision": revision or None,
+  }
 
 
-def restore(manager: ocp.CheckpointManager, step: int, target: TrainState) -> tuple[TrainState, dict]:
-  """Restores onto `target`'s shardings (any mesh or device count); returns (state, data position)."""
-  restored = manager.restore(
-    step,
-    args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
-  )
-  return restored["state"], restored["data"]
+class _PausingJsonHandler(ocp.JsonCheckpointHandler):
+  async def _save_fn(self, x, directory):
+    time.sleep(float(os.environ.get(_TEST_PAUSE_ENV, "0")))  # In the background write: the step is tmp.
+    await super()._save_fn(x, directory)
+
+
+@ocp.args.register_with_handler(_PausingJsonHandler, for_save=True)
+@dataclasses.dataclass
+class _PausingJsonSave(ocp.args.JsonSave):
+  pass
+
+
+def _paths_and_shapes(tree) -> dict[str, tuple]:
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+    out["/".join(keys)] = tuple(leaf.shape)
+  return out
+
+
+class Checkpoints:
+  """The run's CheckpointManager plus what it should have: fallbacks, checks, and timings."""
+
+  def __init__(self, workdir: str, keep: int, keep_every: int):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep,
+      keep_period=keep_every or None,  # Steps divisible by keep_every are never deleted.
+      enable_async_checkpointing=True,
+      cleanup_tmp_directories=True,  # Partial directories a kill left behind.
+      create=True,
+    )
+    handlers = {
+      "state": ocp.StandardCheckpointHandler(),
+      "data": ocp.JsonCheckpointHandler(),
+      "config": ocp.JsonCheckpointHandler(),
+      "meta": ocp.JsonCheckpointHandler(),
+    }
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    self._records: list[dict] = []  # Finished saves' timings, for processes/process_I.jsonl.
+    self._pending: tuple[int, float, float] | None = None  # (step, started, blocking seconds)
+
+  def restore_latest(self, target: TrainState) -> tuple[TrainState, dict, int] | None:
+    """The newest checkpoint that restores, onto `target`'s shardings (any mesh or device count).
+    A damaged one is reported, moved aside and skipped; a model-shape change is a UserError."""
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      self._check_shapes(step, target)
+      try:
+        restored = self.manager.restore(
+          step,
+          args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
+        )
+      except Exception as e:  # noqa: BLE001 - any failure to read means this checkpoint is unusable.
+        self._set_aside(step, e)
+        continue
+      return restored["state"], restored["data"], step
+    return None
+
+  def _check_shapes(self, step: int, target: TrainState) -> None:
+    try:
+      saved = _paths_and_shapes(self.manager.item_metadata(step)["state"])
+    except Exception:  # noqa: BLE001 - unreadable metadata: restore fails and falls back.
+      return
+    wanted = _paths_and_shapes(target)
+    for path, shape in wanted.items():
+      if path.startswith("params/") and path in saved and saved[path] != shape:
+        raise UserError(
+          f"checkpoint {step}: parameter {path[len('params/') :]} has shape {saved[path]} but the model "
+          f"now has {shape}; restore the model config or use a new --workdir"
+        )
+    missing = sorted(p for p in wanted if p.startswith("params/") and saved and p not in saved)
+    if missing:
+      raise UserError(
+        f"checkpoint {step} has no parameter {missing[0][len('params/') :]}; use a new --workdir"
+      )
+
+  def _set_aside(self, step: int, error: Exception) -> None:
+    message = f"checkpoint {step} is damaged and was skipped ({type(error).__name__}: {str(error)[:200]})"
+    logging.warning(message)
+    print(f"warning: {message}", flush=True)
+    if jax.process_index() == 0:
+      os.replace(
+        os.path.join(self.directory, str(step)),
+        os.path.join(self.directory, f"damaged-{step}-{int(time.time())}"),
+      )
+    self.manager.reload()
+
+  def save(self, step: int, state: TrainState, position: dict, config, meta: dict) -> None:
+    """Starts an async save; blocks only for the device-to-host copy (timed)."""
+    self.poll()
+    self.wait()  # One save in flight at a time; usually long done.
+    data_args = _PausingJsonSave if os.environ.get(_TEST_PAUSE_ENV) else ocp.args.JsonSave
+    started = time.time()
+    self.manager.save(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=data_args(position),
+        config=ocp.args.JsonSave(json.loads(config.to_json())),
+        meta=ocp.args.JsonSave(meta),
+      ),
+      force=True,  # The loop decides when; Orbax would also save the first step it sees.
+    )
+    self._pending = (step, started, time.time() - started)
+
+  def poll(self) -> None:
+    """Raises a background save's error here, in the loop; records a finished save's timings."""
+    self.manager.check_for_errors()
+    if self._pending and not self.manager.is_saving_in_progress():
+      self._record()
+
+  def wait(self) -> None:
+    if self._pending:
+      self.manager.wait_until_finished()
+      self._record()
+
+  def _record(self) -> None:
+    step, started, blocking = self._pending
+    self._pending = None
+    self._records.append(
+      {"event": "checkpoint", "step": step, "blocking_s": blocking, "write_s": time.time() - started}
+    )
+
+  def drain(self) -> list[dict]:
+    records, self._records = self._records, []
+    return records
+
+  def close(self) -> None:
+    self.wait()
+    self.manager.check_for_errors()
+    self.manager.close()

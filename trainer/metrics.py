@@ -51,6 +51,13 @@ class MetricsLog:
       self._metrics = open(path, "a")
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
+  def truncate(self, after_step: int) -> None:
+    """Forgets rows past `after_step` (a rollback trains those steps again)."""
+    for f in (self._process, self._metrics):
+      if f is not None:
+        f.flush()
+        truncate_jsonl(f.name, after_step)
+
   def write(self, row: dict) -> None:
     """One metrics row (process 0 writes; the others ignore it)."""
     if not self.is_main:
@@ -80,13 +87,21 @@ class Window:
   def __init__(self):
     self.start = time.time()
     self.steps, self.data_wait, self.dispatch, self.checkpoint = 0, 0.0, 0.0, 0.0
-    self._tokens = []
+    self._tokens, self._finite = [], []
 
-  def add_step(self, data_wait_s: float, dispatch_s: float, valid_tokens: jax.Array) -> None:
+  def add_step(self, step: int, data_wait_s: float, dispatch_s: float, metrics: dict) -> None:
     self.steps += 1
     self.data_wait += data_wait_s
     self.dispatch += dispatch_s
-    self._tokens.append(valid_tokens)
+    self._tokens.append(metrics["valid_tokens"])
+    self._finite.append((step, metrics["finite"]))
+
+  def first_nonfinite_step(self) -> int | None:
+    """The first step in this window whose loss or gradient norm was NaN or Inf (fetches flags)."""
+    flags = jax.device_get([f for _, f in self._finite])
+    bad = [step for (step, _), ok in zip(self._finite, flags, strict=True) if not ok]
+    self._finite = []  # Checked; later calls look only at newer steps.
+    return bad[0] if bad else None
 
   def close(self, step: int, metrics: dict, valid_examples: int, device_wait_s: float) -> tuple[dict, dict]:
     """(metrics.jsonl row, processes/process_I.jsonl row) for the window ending at `step`."""
@@ -96,7 +111,7 @@ class Window:
     row = {
       "step": step,
       "time": now,
-      **{k: float(v) for k, v in metrics.items()},
+      **{k: float(v) for k, v in metrics.items() if k != "finite"},
       "valid_examples": valid_examples,
       "step_time_s": elapsed / self.steps,
       "data_wait_s": self.data_wait / self.steps,

@@ -55,6 +55,7 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
       "loss": loss_sum / count,
       "valid_tokens": count,
       "grad_norm": optax.tree.norm(grads),
+      "finite": jnp.isfinite(loss_sum) & jnp.isfinite(optax.tree.norm(grad_sums)),
       "learning_rate": comp.schedule(state.step),
       **{k: v / count for k, v in metric_sums.items()},
     }

@@ -12,6 +12,7 @@ from trainer import checkpointing, components
 from trainer import state as state_lib
 from trainer.errors import UserError
 from trainer.metrics import MetricsLog, Window, console, device_label, progress_line
+from trainer.preemption import Preemption
 from trainer.step import make_eval_step, make_train_step
 
 
@@ -29,118 +30,166 @@ def evaluate(comp: components.Components, eval_step, params, config) -> dict:
   return {f"eval_{k}": float(v) / count for k, v in totals.items()}
 
 
-def train(config, workdir: str, stop_after: int | None = None) -> dict:
+def train(config, workdir: str, stop_after: int | None = None, devices=None) -> dict:
   """Trains to `config.steps` in `workdir`, resuming from its newest checkpoint; returns the summary.
 
   `stop_after` ends the run early at that step, as an interruption would (the schedule still
-  targets config.steps), after saving a checkpoint there.
+  targets config.steps), after saving a checkpoint there. `devices` defaults to all devices.
   """
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
 
   # --- Setup: mesh, experiment, data order, optimizer, shardings (config errors surface here).
-  comp = components.build(config)
+  comp = components.build(config, devices)
   b = config.global_batch_size
-  console(f"devices: {device_label()}; mesh {dict(comp.mesh.shape)}")
+  console(f"devices: {device_label(comp.mesh.devices.flatten())}; mesh {dict(comp.mesh.shape)}")
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json(indent=2))
+  init = lambda: state_lib.init_state(
+    lambda rngs: comp.experiment.build_model(config, rngs), comp.mdef, comp.tx, comp.shardings, config.seed
+  )
 
-  # --- State: the newest complete checkpoint, else a fresh sharded init.
-  manager = checkpointing.make_manager(workdir, config.checkpoint.keep)
-  latest = manager.latest_step()
-  if latest is None:
-    state = state_lib.init_state(
-      lambda rngs: comp.experiment.build_model(config, rngs),
-      comp.mdef,
-      comp.tx,
-      comp.shardings,
-      config.seed,
-    )
-  else:
-    target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
-    state, position = checkpointing.restore(manager, latest, target)
-    checkpointing.check_data_position(position, latest, comp, config.data.allow_changed_data)
-    console(f"resumed from checkpoint {latest}")
+  # --- State: the newest checkpoint that restores (onto this mesh), else a fresh sharded init.
+  ckpt = checkpointing.Checkpoints(workdir, config.checkpoint.keep, config.checkpoint.keep_every)
+  target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
+
+  def restore_or_init():
+    """(state, batch_offset): the offset counts batches skipped by NaN rollbacks."""
+    restored = ckpt.restore_latest(target)
+    if restored is None:
+      return init(), 0
+    state, position, step = restored
+    checkpointing.check_data_position(position, step, comp, config.data.allow_changed_data)
+    return state, position["batch_offset"]
+
+  state, batch_offset = restore_or_init()
   start = int(state.step)
+  if start:
+    console(f"resumed from checkpoint {start}")
   console(f"params: {state_lib.param_count(state.params):,}; steps {start} -> {config.steps}")
+  meta = checkpointing.run_metadata(comp, config)
 
   # --- Compile ahead of time, so compile time is measured apart from step time.
   t0 = time.time()
   local_batches = components.local_batches(comp, config)
-  batch_spec = pipeline.global_spec(local_batches(start), comp.batch_sharding, b)
+  batch_spec = pipeline.global_spec(local_batches(start + batch_offset), comp.batch_sharding, b)
   train_step = make_train_step(comp, config.microbatches)
   eval_step = make_eval_step(comp)
   with jax.set_mesh(comp.mesh):
     train_step = train_step.lower(state, batch_spec).compile()
   compile_s = time.time() - t0
 
-  # --- The loop. Batches for steps [start, steps) are prepared ahead by Grain reader threads.
+  # --- The loop. Batches are prepared ahead by Grain threads and copied to the devices ahead.
   log = MetricsLog(workdir, resume_step=start)
   last_step = config.steps if stop_after is None else min(stop_after, config.steps)
-  batches = pipeline.local_batch_iterator(
-    local_batches,
-    start,
-    last_step,
-    config.data.read_threads,
-    config.data.prefetch,
-    config.data.worker_processes,
-  )
-  batches = pipeline.DevicePrefetch(batches, comp.batch_sharding, b, depth=config.data.prefetch)
-  window, last, eval_row, tokens_seen = Window(), {}, {}, 0.0
-  for step in range(start + 1, last_step + 1):
-    t0 = time.time()
-    t, _, batch = next(batches)
-    assert t == step - 1, (t, step)  # Batch t trains step t + 1: the data position is the step.
-    if comp.plan.valid_rows(t) == 0:
-      raise UserError(f"global batch {t} has no valid examples; refusing an empty step")
-    t1 = time.time()
-    state, metrics = train_step(state, batch)
-    t2 = time.time()
-    window.add_step(data_wait_s=t1 - t0, dispatch_s=t2 - t1, valid_tokens=metrics["valid_tokens"])
 
-    if step % config.log_every == 0 or step == last_step:
-      metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
-      row, process_row = window.close(step, metrics, comp.plan.valid_rows(t), time.time() - t2)
-      log.write(row)
-      log.write_process(process_row)
-      eta = (config.steps - step) * row["step_time_s"]
-      console(progress_line(step, config.steps, row["loss"], row["tokens_per_s"], eta))
-      last, tokens_seen, window = row, tokens_seen + window.tokens, Window()
+  def open_batches(step):
+    first = step + batch_offset  # Global batch t trains step t - batch_offset + 1.
+    d = config.data
+    it = pipeline.local_batch_iterator(
+      local_batches, first, last_step + batch_offset, d.read_threads, d.prefetch, d.worker_processes
+    )
+    return pipeline.DevicePrefetch(it, comp.batch_sharding, b, depth=d.prefetch)
 
-    if config.eval_every and step % config.eval_every == 0 and step != config.steps:
-      eval_row = evaluate(comp, eval_step, state.params, config)
-      log.write({"step": step, "time": time.time(), **eval_row})
-      console(f"step {step}/{config.steps}  eval_loss {eval_row['eval_loss']:.4f}")
+  batches, preemption = open_batches(start), Preemption()
+  window, last, eval_row, tokens_seen, rollbacks = Window(), {}, {}, 0.0, 0
+  step = start
+  try:
+    while step < last_step:
+      t0 = time.time()
+      t, _, batch = next(batches)
+      assert t == step + batch_offset, (t, step, batch_offset)  # The data position is the step.
+      if comp.plan.valid_rows(t) == 0:
+        raise UserError(f"global batch {t} has no valid examples; refusing an empty step")
+      t1 = time.time()
+      state, metrics = train_step(state, batch)
+      step += 1
+      window.add_step(step, data_wait_s=t1 - t0, dispatch_s=time.time() - t1, metrics=metrics)
+      ckpt.poll()  # A background save's error surfaces here, at the next step.
 
-    if step % config.checkpoint.every == 0 or step == last_step:
-      t3 = time.time()
-      checkpointing.save(manager, step, state, comp, config)  # Async: the write goes on.
-      window.checkpoint += time.time() - t3
+      # Same decisions on every process: the step count and the agreed preemption step.
+      stop = preemption.should_stop(step)
+      log_now = step % config.log_every == 0 or step == last_step or stop
+      save_now = step % config.checkpoint.every == 0 or step == last_step or stop
+      if (log_now or save_now) and (bad := window.first_nonfinite_step()) is not None:
+        # Never log past, or save, a non-finite state.
+        lo = step - window.steps + 1
+        if config.checkpoint.on_nonfinite != "rollback" or rollbacks >= config.checkpoint.max_rollbacks:
+          raise UserError(
+            f"loss or gradient norm is NaN/Inf at step {bad} (window {lo}..{step}); lower "
+            f"optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback to skip the batches"
+          )
+        rollbacks += 1
+        batches.close()
+        ckpt.wait()
+        old_offset = batch_offset
+        state, batch_offset = restore_or_init()
+        good = int(state.step)
+        batch_offset += bad - good  # Skip the batches of steps good+1..bad.
+        log.truncate(good)
+        event = {"step": good, "time": time.time(), "event": "nonfinite_rollback", "nonfinite_step": bad}
+        log.write({**event, "skipped_batches": [good + old_offset, bad - 1 + old_offset]})
+        console(f"step {bad}: NaN/Inf; rolled back to step {good}, skipping {bad - good} batches")
+        step, window = good, Window()
+        batches = open_batches(step)
+        continue
+
+      if log_now:
+        metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
+        row, process_row = window.close(step, metrics, comp.plan.valid_rows(t), time.time() - t1)
+        row["batch"] = t  # The data position this step trained on: checkable after any restart.
+        log.write(row)
+        for record in [process_row, *ckpt.drain()]:
+          log.write_process(record)
+        eta = (config.steps - step) * row["step_time_s"]
+        console(progress_line(step, config.steps, row["loss"], row["tokens_per_s"], eta))
+        last, tokens_seen, window = row, tokens_seen + window.tokens, Window()
+
+      if config.eval_every and step % config.eval_every == 0 and step != config.steps:
+        eval_row = evaluate(comp, eval_step, state.params, config)
+        log.write({"step": step, "time": time.time(), **eval_row})
+        console(f"step {step}/{config.steps}  eval_loss {eval_row['eval_loss']:.4f}")
+
+      if save_now:
+        t3 = time.time()
+        position = checkpointing.data_position(step, batch_offset, comp)
+        ckpt.save(step, state, position, config, meta)  # Async: the write goes on in the background.
+        window.checkpoint += time.time() - t3
+
+      if stop:
+        break
+  finally:
+    batches.close()
+    preemption.restore_handlers()
 
   # --- The end: final evaluation, wait for the last write, summary.
-  batches.close()
-  if config.eval_steps and int(state.step) == config.steps:
+  if config.eval_steps and step == config.steps:
     eval_row = evaluate(comp, eval_step, state.params, config)
-    log.write({"step": int(state.step), "time": time.time(), **eval_row})
-  manager.wait_until_finished()
-  manager.close()
+    log.write({"step": step, "time": time.time(), **eval_row})
+  ckpt.close()
+  for record in ckpt.drain():
+    log.write_process(record)
   log.close()
   summary = {
-    "final_step": int(state.step),
+    "final_step": step,
     "final_loss": last.get("loss"),
     **eval_row,
     "loss_floor": comp.sources.loss_floor,
-    "examples_seen": comp.plan.examples_before(int(state.step)),
+    "examples_seen": comp.plan.examples_before(step + batch_offset),
     "tokens_trained_this_run": tokens_seen,
+    "nonfinite_rollbacks": rollbacks,
+    "preempted_by": preemption.received,
     "wall_s": time.time() - t_start,
     "compile_s": compile_s,
-    "devices": device_label(),
+    "devices": device_label(comp.mesh.devices.flatten()),
   }
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
+  if preemption.received:
+    console(f"preempted ({preemption.received}): saved checkpoint {step}; run the same command to resume")
   floor = comp.sources.loss_floor
-  if last and floor is not None:
+  if last and floor is not None and step == config.steps:
     console(f"final loss {last['loss']:.4f}  entropy floor {floor:.4f}  gap {last['loss'] - floor:+.4f} nats")
   return summary
