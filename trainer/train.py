@@ -162,6 +162,7 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
   finally:
     batches.close()
     preemption.restore_handlers()
+    ckpt.wait()  # Even on an error: a good checkpoint in flight is finished, not left half-written.
 
   # --- The end: final evaluation, wait for the last write, summary.
   if config.eval_steps and step == config.steps:

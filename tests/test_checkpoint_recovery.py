@@ -1,0 +1,118 @@
+"""Checkpoints restore onto other meshes, strategies and device counts; a damaged newest checkpoint
+falls back to the previous one; a model-shape change and NaN/Inf stop with an error or roll back."""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import lm
+from tests.conftest import read_jsonl, tiny_config, train_losses
+from trainer.errors import UserError
+from trainer.train import train
+
+STEPS = 8
+
+
+def _cfg(mesh=(2, 2, 2), strategy="fsdp_tp", **kw):
+  data, fsdp, tensor = mesh
+  over = {"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor, "sharding.strategy": strategy}
+  return tiny_config(steps=STEPS, **{"checkpoint.every": 2, **over, **kw})
+
+
+def _trajectory(workdir):
+  losses = train_losses(workdir)
+  return np.array([losses[s] for s in sorted(losses)])
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  """The uninterrupted reference: 8 devices, FSDP + tensor parallel."""
+  workdir = str(tmp_path_factory.mktemp("straight"))
+  train(_cfg(), workdir)
+  return _trajectory(workdir)
+
+
+@pytest.mark.parametrize(
+  "legs",
+  [
+    # (stop after, devices, mesh, strategy) for each leg of one run.
+    [(3, 8, (2, 2, 2), "fsdp_tp"), (5, 4, (2, 1, 2), "dp"), (STEPS, 1, (1, 1, 1), "fsdp_tp")],
+    [(3, 1, (1, 1, 1), "dp"), (STEPS, 8, (1, 8, 1), "fsdp")],
+    [(4, 8, (8, 1, 1), "zero1"), (STEPS, 8, (2, 2, 2), "fsdp_tp")],
+  ],
+)
+def test_restore_onto_another_mesh_strategy_or_device_count_continues(tmp_path, straight, legs):
+  for stop_after, n, mesh, strategy in legs:
+    summary = train(_cfg(mesh, strategy), str(tmp_path), stop_after=stop_after, devices=jax.devices()[:n])
+    assert summary["final_step"] == stop_after
+  np.testing.assert_allclose(_trajectory(str(tmp_path)), straight, rtol=1e-5)
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, straight, capsys):
+  workdir = str(tmp_path)
+  train(_cfg(), workdir, stop_after=6)
+  state_dir = os.path.join(workdir, "checkpoints", "6", "state")
+  for root, _, files in os.walk(state_dir):  # Truncate every array file: a torn write.
+    for name in files:
+      if not name.endswith(".json") and "manifest" not in name:
+        open(os.path.join(root, name), "w").close()
+  shutil.rmtree(os.path.join(state_dir, "d"), ignore_errors=True)
+
+  train(_cfg(), workdir)
+  out = capsys.readouterr().out
+  assert "checkpoint 6 is damaged" in out and "resumed from checkpoint 4" in out
+  assert any(name.startswith("damaged-6-") for name in os.listdir(os.path.join(workdir, "checkpoints")))
+  np.testing.assert_array_equal(_trajectory(workdir), straight)  # Same mesh: bitwise.
+
+
+def test_model_shape_change_names_the_parameter_and_both_shapes(tmp_path):
+  train(_cfg(), str(tmp_path), stop_after=2)
+  with pytest.raises(
+    UserError, match=r"blocks/0/mlp/down has shape \(64, 32\) but the model now has \(96, 32\)"
+  ):
+    train(_cfg(**{"model.mlp_dim": 96}), str(tmp_path))
+
+
+@pytest.fixture
+def nan_on_batch(monkeypatch):
+  """Makes the loss NaN on global batch 4 of the tiny config, recognised by its first tokens."""
+  from data import pipeline
+  from trainer import components
+
+  cfg = _cfg()
+  comp = components.build(cfg)
+  marker = jnp.asarray(components.local_batches(comp, cfg)(4)["inputs"][0])
+  assert pipeline is not None
+  real = lm.loss_sums
+
+  def poisoned(model, batch):
+    loss_sum, count, metrics = real(model, batch)
+    hit = jnp.all(batch["inputs"][0] == marker)
+    return jnp.where(hit, jnp.nan, loss_sum), count, metrics
+
+  monkeypatch.setattr(lm, "loss_sums", poisoned)
+
+
+def test_nan_stops_with_an_error_naming_the_step_and_never_saves_it(tmp_path, nan_on_batch):
+  with pytest.raises(UserError, match=r"NaN/Inf at step 5 \(window 5\.\.5\)"):
+    train(_cfg(), str(tmp_path))
+  assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == ["2", "4"]
+
+
+def test_nan_rollback_restores_the_last_good_checkpoint_and_skips_the_batches(tmp_path, nan_on_batch):
+  summary = train(_cfg(**{"checkpoint.on_nonfinite": "rollback"}), str(tmp_path))
+  assert summary["final_step"] == STEPS and summary["nonfinite_rollbacks"] == 1
+  rows = read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))
+  events = [r for r in rows if r.get("event") == "nonfinite_rollback"]
+  assert events == [{**events[0], "step": 4, "nonfinite_step": 5, "skipped_batches": [4, 4]}]
+  trained = [r for r in rows if "loss" in r]
+  assert [r["step"] for r in trained] == list(range(1, STEPS + 1))
+  assert [r["batch"] for r in trained] == [0, 1, 2, 3, 5, 6, 7, 8]  # Batch 4 skipped, nothing repeated.
+  assert all(np.isfinite(r["loss"]) for r in trained)
+  with open(os.path.join(tmp_path, "checkpoints", str(STEPS), "data", "metadata")) as f:
+    assert json.load(f)["batch_offset"] == 1
