@@ -43,6 +43,29 @@ def tiny_config(**overrides):
   return c
 
 
+# tiny_config as main.py flags; 8 devices form the smoke config's 2 x 2 x 2 mesh.
+TINY_FLAGS = [
+  "--config=configs/smoke_cpu.py",
+  "--config.global_batch_size=16",
+  "--config.log_every=1",
+  "--config.eval_every=0",
+  "--config.eval_steps=1",
+  "--config.checkpoint.every=2",
+  "--config.data.vocab_size=32",
+  "--config.data.seq_len=16",
+  "--config.data.read_threads=0",
+  "--config.model.vocab_size=32",
+  "--config.model.embed_dim=32",
+  "--config.model.num_heads=2",
+  "--config.model.num_layers=1",
+  "--config.model.mlp_dim=64",
+  "--config.optimizer.warmup_steps=2",
+  "--config.mesh.data=2",
+  "--config.mesh.fsdp=2",
+  "--config.mesh.tensor=2",
+]
+
+
 def read_jsonl(path):
   import json
 

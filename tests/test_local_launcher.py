@@ -16,31 +16,10 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, train_losses
+from tests.conftest import REPO, TINY_FLAGS, train_losses
 
 LAUNCHER = os.path.join(REPO, "launch", "local.py")
 
-# tests/conftest.py's tiny_config as flags; the 8 devices form the smoke config's 2 x 2 x 2 mesh.
-TINY = [
-  "--config=configs/smoke_cpu.py",
-  "--config.global_batch_size=16",
-  "--config.log_every=1",
-  "--config.eval_every=0",
-  "--config.eval_steps=1",
-  "--config.checkpoint.every=2",
-  "--config.data.vocab_size=32",
-  "--config.data.seq_len=16",
-  "--config.data.read_threads=0",
-  "--config.model.vocab_size=32",
-  "--config.model.embed_dim=32",
-  "--config.model.num_heads=2",
-  "--config.model.num_layers=1",
-  "--config.model.mlp_dim=64",
-  "--config.optimizer.warmup_steps=2",
-  "--config.mesh.data=2",
-  "--config.mesh.fsdp=2",
-  "--config.mesh.tensor=2",
-]
 
 # Stands in for main.py: `--act_I=...` says what process I does.
 STUB = textwrap.dedent(
@@ -231,13 +210,13 @@ def test_bad_launcher_arguments(args, fragment):
 
 
 def _main_single(workdir, *flags):
-  argv = [sys.executable, "main.py", "--cpu_devices=8", *TINY, f"--workdir={workdir}", *flags]
+  argv = [sys.executable, "main.py", "--cpu_devices=8", *TINY_FLAGS, f"--workdir={workdir}", *flags]
   return _run(argv, str(workdir), timeout=180)
 
 
 def _main_two(workdir, *flags, launcher_flags=()):
   launcher = ["--processes=2", "--cpu_devices=4", *launcher_flags]
-  return _launch(*launcher, "--", *TINY, f"--workdir={workdir}", *flags, tag=str(workdir), timeout=180)
+  return _launch(*launcher, "--", *TINY_FLAGS, f"--workdir={workdir}", *flags, tag=str(workdir), timeout=180)
 
 
 def _assert_close(a: dict, b: dict, steps):
@@ -287,7 +266,7 @@ def test_a_failing_process_ends_the_job(tmp_path):
   t0 = time.monotonic()
   launcher = subprocess.Popen(
     [sys.executable, LAUNCHER, "--processes=2", "--cpu_devices=4", "--grace_s=3", "--"]
-    + [*TINY, "--config.steps=5", f"--workdir={tmp_path}"],
+    + [*TINY_FLAGS, "--config.steps=5", f"--workdir={tmp_path}"],
     cwd=REPO,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,

@@ -7,24 +7,12 @@ import jax
 import jax.numpy as jnp
 
 from experiments import lm
-from tests.conftest import run_main, tiny_config
+from tests.conftest import TINY_FLAGS, run_main, tiny_config
 from trainer.verify import verify
-
-TINY = [
-  "--config.data.vocab_size=32",
-  "--config.data.seq_len=16",
-  "--config.model.vocab_size=32",
-  "--config.model.embed_dim=32",
-  "--config.model.num_layers=1",
-  "--config.model.mlp_dim=64",
-  "--config.global_batch_size=16",
-]
 
 
 def test_verify_cli_prints_the_table_and_passes(tmp_path):
-  result = run_main(
-    "--mode=verify", "--config=configs/smoke_cpu.py", f"--workdir={tmp_path}", "--cpu_devices=8", *TINY
-  )
+  result = run_main("--mode=verify", f"--workdir={tmp_path}", "--cpu_devices=8", *TINY_FLAGS)
   assert result.returncode == 0, result.stderr
   out = result.stdout
   assert "logical CPU devices" in out and "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out

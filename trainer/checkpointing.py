@@ -5,7 +5,6 @@ Saves are asynchronous and atomic: a step directory appears only once complete; 
 a kill are ignored and cleaned. A background save error surfaces in the loop at the next step.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -85,16 +84,20 @@ def run_metadata(comp, config) -> dict:
   }
 
 
-class _PausingJsonHandler(ocp.JsonCheckpointHandler):
-  async def _save_fn(self, x, directory):
-    time.sleep(float(os.environ.get(_TEST_PAUSE_ENV, "0")))  # In the background write: the step is tmp.
-    await super()._save_fn(x, directory)
+def _data_handler() -> ocp.JsonCheckpointHandler:
+  """The data-position item's handler; in tests it can hold the background write open, so that a
+  kill lands deterministically while the step directory is still temporary."""
+  handler = ocp.JsonCheckpointHandler()
+  pause_s = float(os.environ.get(_TEST_PAUSE_ENV, "0"))
+  if pause_s:
+    write = handler._save_fn
 
+    async def paused_write(x, directory):
+      time.sleep(pause_s)  # In Orbax's background thread: the loop goes on meanwhile.
+      await write(x, directory)
 
-@ocp.args.register_with_handler(_PausingJsonHandler, for_save=True)
-@dataclasses.dataclass
-class _PausingJsonSave(ocp.args.JsonSave):
-  pass
+    handler._save_fn = paused_write
+  return handler
 
 
 def _paths_and_shapes(tree) -> dict[str, tuple]:
@@ -119,7 +122,7 @@ class Checkpoints:
     )
     handlers = {
       "state": ocp.StandardCheckpointHandler(),
-      "data": ocp.JsonCheckpointHandler(),
+      "data": _data_handler(),
       "config": ocp.JsonCheckpointHandler(),
       "meta": ocp.JsonCheckpointHandler(),
     }
@@ -176,13 +179,12 @@ class Checkpoints:
     """Starts an async save; blocks only for the device-to-host copy (timed)."""
     self.poll()
     self.wait()  # One save in flight at a time; usually long done.
-    data_args = _PausingJsonSave if os.environ.get(_TEST_PAUSE_ENV) else ocp.args.JsonSave
     started = time.time()
     self.manager.save(
       step,
       args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=data_args(position),
+        data=ocp.args.JsonSave(position),
         config=ocp.args.JsonSave(json.loads(config.to_json())),
         meta=ocp.args.JsonSave(meta),
       ),
