@@ -70,9 +70,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 50  # Save every N steps (and always at the end).
   c.checkpoint.keep = 3  # How many recent checkpoints to keep.
-  c.checkpoint.keep_every = 0  # Also keep every checkpoint whose step is a multiple of this, forever (0: none).
+  c.checkpoint.keep_every = (
+    0  # Also keep every checkpoint whose step is a multiple of this, forever (0: none).
+  )
   c.checkpoint.on_nonfinite = "stop"  # NaN/Inf loss or grad norm: 'stop' with an error, or 'rollback'.
   c.checkpoint.max_rollbacks = 3  # 'rollback': give up with an error after this many.
+  c.checkpoint.replica_parallel = (
+    False  # Split replicated shards' writes across replicas (see checkpointing.py).
+  )
 
   c.watchdog = ml_collections.ConfigDict()
   c.watchdog.startup_timeout_s = 600.0  # Start-up incl. first compile longer than this ends the job.

@@ -51,7 +51,8 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
   )
 
   # --- State: the newest checkpoint that restores (onto this mesh), else a fresh sharded init.
-  ckpt = checkpointing.Checkpoints(workdir, config.checkpoint.keep, config.checkpoint.keep_every)
+  c = config.checkpoint
+  ckpt = checkpointing.Checkpoints(workdir, c.keep, c.keep_every, c.replica_parallel)
   target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
 
   def restore_or_init():
