@@ -17,6 +17,11 @@ _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "Run on N logical CPU d
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the job.")
+_PATHWAYS = flags.DEFINE_bool(
+  "pathways",
+  False,
+  "Single controller on Pathways (TPUs on GKE): needs pathwaysutils and JAX_BACKEND_TARGET.",
+)
 _INIT_TIMEOUT = flags.DEFINE_integer(
   "distributed_init_timeout_s", None, "Seconds to wait for every process to join (JAX default 300)."
 )
@@ -52,16 +57,24 @@ def main(argv):
   from trainer.errors import UserError
 
   try:
-    from trainer import runtime
+    from trainer import pathways, runtime
 
-    runtime.configure_cpu_devices(_CPU_DEVICES.value)
-    runtime.join_job(
-      _COORDINATOR.value,
-      _NUM_PROCESSES.value,
-      _PROCESS_ID.value,
-      init_timeout_s=_INIT_TIMEOUT.value,
-      heartbeat_timeout_s=_HEARTBEAT_TIMEOUT.value,
-    )
+    if pathways.requested(_PATHWAYS.value):
+      if _CPU_DEVICES.value or any(f.value is not None for f in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID)):
+        raise UserError(
+          "--pathways runs one process that drives every TPU: drop --cpu_devices and the "
+          "--coordinator_address/--num_processes/--process_id flags"
+        )
+      pathways.initialize()  # Instead of join_job: no jax.distributed, one controller process.
+    else:
+      runtime.configure_cpu_devices(_CPU_DEVICES.value)
+      runtime.join_job(
+        _COORDINATOR.value,
+        _NUM_PROCESSES.value,
+        _PROCESS_ID.value,
+        init_timeout_s=_INIT_TIMEOUT.value,
+        heartbeat_timeout_s=_HEARTBEAT_TIMEOUT.value,
+      )
     from trainer.run import run
 
     run(_CONFIG.value, _WORKDIR.value, _MODE.value)

@@ -117,9 +117,12 @@ class Checkpoints:
     # that blocked 0.63 s instead of 0.16 s (benchmarks/checkpoint.py). It pays off where hosts'
     # write bandwidth, not dispatch, is the limit: then set checkpoint.replica_parallel. The handler
     # registry is process-global in Orbax; this is the process's only checkpoint writer.
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)  # Orbax warns on every override of its default.
     ocp.type_handlers.register_type_handler(
       jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=replica_parallel), override=True
     )
+    logging.set_verbosity(verbosity)
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     options = ocp.CheckpointManagerOptions(
       max_to_keep=keep,

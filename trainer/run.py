@@ -1,5 +1,6 @@
 """Entry point behind main.py: runs one mode with a parsed config."""
 
+import os
 import sys
 
 from trainer.errors import UserError
@@ -11,7 +12,11 @@ def run(config, workdir: str, mode: str) -> None:
   if mode == "train":
     from trainer.train import train
 
-    train(config, workdir)
+    summary = train(config, workdir)
+    # A scheduler that restarts failed jobs (launch/k8s sets this) would take a clean exit as "finished".
+    code = os.environ.get("PREEMPTED_EXIT_CODE")
+    if code and summary.get("preempted_by") and summary["final_step"] < config.steps:
+      sys.exit(int(code))
   elif mode == "verify":
     from trainer.verify import verify
 

@@ -8,12 +8,13 @@ import jax
 import numpy as np
 
 from data import pipeline
-from trainer import checkpointing, components
+from trainer import checkpointing, components, multihost
 from trainer import state as state_lib
 from trainer.errors import UserError
 from trainer.metrics import MetricsLog, Window, console, device_label, progress_line
 from trainer.preemption import Preemption
 from trainer.step import make_eval_step, make_train_step
+from trainer.watchdog import Watchdog
 
 
 def evaluate(comp: components.Components, eval_step, params, config) -> dict:
@@ -38,9 +39,23 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
   """
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
+  watchdog = Watchdog(config.watchdog.startup_timeout_s, config.watchdog.step_timeout_s)
+  try:
+    return _train(config, workdir, stop_after, devices, watchdog, t_start)
+  finally:
+    watchdog.stop()
 
+
+def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
   # --- Setup: mesh, experiment, data order, optimizer, shardings (config errors surface here).
   comp = components.build(config, devices)
+  meta = checkpointing.run_metadata(comp, config)
+  agreed = {
+    "config": json.loads(config.to_json()),
+    "code": meta["git_revision"],
+    "versions": meta["versions"],
+  }
+  multihost.check_agreement(agreed, timeout_s=config.watchdog.startup_timeout_s)
   b = config.global_batch_size
   console(f"devices: {device_label(comp.mesh.devices.flatten())}; mesh {dict(comp.mesh.shape)}")
   if jax.process_index() == 0:
@@ -69,7 +84,6 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
   if start:
     console(f"resumed from checkpoint {start}")
   console(f"params: {state_lib.param_count(state.params):,}; steps {start} -> {config.steps}")
-  meta = checkpointing.run_metadata(comp, config)
 
   # --- Compile ahead of time, so compile time is measured apart from step time.
   t0 = time.time()
@@ -98,6 +112,7 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
   step = start
   try:
     while step < last_step:
+      watchdog.beat("step", step + 1)
       t0 = time.time()
       t, _, batch = next(batches)
       assert t == step + batch_offset, (t, step, batch_offset)  # The data position is the step.
@@ -148,11 +163,13 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
         last, tokens_seen, window = row, tokens_seen + window.tokens, Window()
 
       if config.eval_every and step % config.eval_every == 0 and step != config.steps:
+        watchdog.beat("eval", step)
         eval_row = evaluate(comp, eval_step, state.params, config)
         log.write({"step": step, "time": time.time(), **eval_row})
         console(f"step {step}/{config.steps}  eval_loss {eval_row['eval_loss']:.4f}")
 
       if save_now:
+        watchdog.beat("checkpoint", step)
         t3 = time.time()
         position = checkpointing.data_position(step, batch_offset, comp)
         ckpt.save(step, state, position, config, meta)  # Async: the write goes on in the background.
@@ -163,9 +180,11 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
   finally:
     batches.close()
     preemption.restore_handlers()
+    watchdog.beat("checkpoint", step)
     ckpt.wait()  # Even on an error: a good checkpoint in flight is finished, not left half-written.
 
   # --- The end: final evaluation, wait for the last write, summary.
+  watchdog.beat("finish", step)
   if config.eval_steps and step == config.steps:
     eval_row = evaluate(comp, eval_step, state.params, config)
     log.write({"step": step, "time": time.time(), **eval_row})
@@ -189,6 +208,7 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2)
+  multihost.barrier("end_of_training", timeout_s=config.watchdog.step_timeout_s)
   if preemption.received:
     console(f"preempted ({preemption.received}): saved checkpoint {step}; run the same command to resume")
   floor = comp.sources.loss_floor

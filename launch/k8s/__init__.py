@@ -1,0 +1,1 @@
+"""Kubernetes: launch/k8s/render.py writes the JobSet manifest; schema.py validates it."""

@@ -1,0 +1,418 @@
+"""launch/k8s/render.py: the JobSet manifests (GPU and Pathways) against vendored schemas, their wiring into
+trainer/runtime.py, bad input, the CLI; and trainer/pathways.py. No cluster, no TPU, no network."""
+
+import copy
+import json
+import subprocess
+import sys
+import types
+
+import jax
+import pytest
+import yaml
+
+from launch.k8s import render as k8s
+from launch.k8s import schema
+from tests.conftest import REPO
+from trainer import pathways, runtime
+from trainer.errors import UserError
+
+BASE = dict(
+  image="registry.example/jax-template:1",
+  command_args=["--config.steps=1000", "--config.mesh.fsdp=8"],
+  config="configs/lm_small.py",
+  workdir="/runs/lm_small",
+  replicas=4,
+  pvc="runs",
+)
+PATHWAYS = dict(BASE, pathways=True, gcs_scratch="gs://bucket/pathways", tpu="v5e", topology="4x4")
+
+
+def _by_kind(objects):
+  return {o["kind"]: o for o in objects}
+
+
+def _job(jobset, name):
+  [replicated] = [r for r in jobset["spec"]["replicatedJobs"] if r["name"] == name]
+  return replicated
+
+
+def _container(pod_spec, name="trainer"):
+  [container] = [c for c in pod_spec["containers"] if c["name"] == name]
+  return container
+
+
+def _env(container):
+  return {e["name"]: e for e in container["env"]}
+
+
+def _gpu_pod(objects):
+  return _job(_by_kind(objects)["JobSet"], "worker")["template"]["spec"]["template"]["spec"]
+
+
+# --- The validator itself: it must reject, or the schema tests below prove nothing.
+
+
+def test_validator_rejects_unknown_keys_wrong_types_and_missing_fields():
+  s = schema.obj({"a": schema.POSITIVE, "b": schema.array(schema.STRING)}, required=["a"])
+  assert schema.validate({"a": 1, "b": ["x"]}, s) == []
+  assert schema.validate({"a": 1, "c": 2}, s) == ["$: unknown field 'c' (known: a, b)"]
+  assert schema.validate({"a": True}, s) == ["$.a: must be integer, got bool True"]  # bool is no integer.
+  assert schema.validate({"a": 0}, s) == ["$.a: 0 is below the minimum 1"]
+  assert schema.validate({"b": ["x", 3]}, s) == [
+    "$: missing required field 'a'",
+    "$.b[1]: must be string, got int 3",
+  ]
+  assert schema.validate([], s) == ["$: must be object, got list []"]
+
+
+@pytest.mark.parametrize(
+  "mutate, fragment",
+  [
+    (
+      lambda js, pod: js["spec"]["replicatedJobs"][0]["template"]["spec"].update(paralelism=2),
+      "'paralelism'",
+    ),
+    (lambda js, pod: js["spec"].update(replicas=2), "unknown field 'replicas'"),
+    (lambda js, pod: pod["containers"][0].update(gpus=8), "unknown field 'gpus'"),
+    (lambda js, pod: pod["containers"][0]["env"][1].update(value=4), ".env[1].value: must be string"),
+    (lambda js, pod: js["spec"]["replicatedJobs"][0].update(replicas="1"), ".replicas: must be integer"),
+    (lambda js, pod: pod.update(containers=[]), "needs at least 1 item"),
+    (lambda js, pod: pod["containers"][0].pop("image"), "missing required field 'image'"),
+    (lambda js, pod: pod.update(restartPolicy="Sometimes"), "must be one of"),
+    (lambda js, pod: pod["containers"][0].update(restartPolicy="Always"), "unknown field 'restartPolicy'"),
+    (lambda js, pod: pod["volumes"][0].update(emptyDir={}), "exactly one of"),
+    (
+      lambda js, pod: js["spec"]["replicatedJobs"][0]["template"]["spec"].update(completionMode="Ordered"),
+      "Indexed",
+    ),
+    (lambda js, pod: js["spec"]["failurePolicy"].update(maxRestarts=-1), "below the minimum 0"),
+    (lambda js, pod: js.update(apiVersion="jobset.x-k8s.io/v1"), "no schema for"),
+    (lambda js, pod: js["metadata"].update(name="Train_1"), "does not match"),
+    (lambda js, pod: pod["containers"][0]["resources"]["limits"].update(cpu="lots"), "does not match"),
+  ],
+)
+def test_schema_catches_a_broken_manifest(mutate, fragment):
+  objects = copy.deepcopy(k8s.render(**BASE))
+  jobset = _by_kind(objects)["JobSet"]
+  mutate(jobset, _gpu_pod([jobset]))
+  errors = schema.validate_object(jobset)
+  assert any(fragment in e for e in errors), errors
+
+
+# --- The manifests.
+
+
+def test_gpu_manifest_conforms_to_the_schemas():
+  objects = k8s.render(**BASE)
+  assert [o["kind"] for o in objects] == ["Service", "JobSet"]  # The Service first: apply order.
+  for o in objects:
+    assert schema.validate_object(o) == []
+  [error] = schema.validate_object(json.loads(k8s.to_json(objects)))  # A kind it does not model.
+  assert error.startswith("$: no schema for apiVersion='v1' kind='List'")
+  assert [o["kind"] for o in k8s.render(**BASE, service=False)] == ["JobSet"]
+
+
+@pytest.mark.parametrize("replicas", [1, 3, 16])
+def test_replicas_completions_and_parallelism_agree(replicas):
+  jobset = _by_kind(k8s.render(**dict(BASE, replicas=replicas)))["JobSet"]
+  [replicated] = jobset["spec"]["replicatedJobs"]
+  job = replicated["template"]["spec"]
+  assert replicated["replicas"] == 1  # One Job: its pods are the processes.
+  assert job["parallelism"] == job["completions"] == replicas
+  assert job["completionMode"] == "Indexed"
+  assert job["backoffLimit"] == 0  # Any failed pod fails the Job; JobSet restarts every pod.
+  assert job["template"]["spec"]["restartPolicy"] == "Never"
+  assert jobset["spec"]["failurePolicy"]["maxRestarts"] == 10
+  assert _env(_container(job["template"]["spec"]))["JAX_NUM_PROCESSES"]["value"] == str(replicas)
+
+
+def test_env_wiring_names_the_coordinator_and_the_completion_index():
+  objects = k8s.render(**BASE, name="lm", port=1234)
+  service, jobset = _by_kind(objects)["Service"], _by_kind(objects)["JobSet"]
+  pod = _gpu_pod(objects)
+  env = _env(_container(pod))
+  subdomain = jobset["spec"]["network"]["subdomain"]
+  assert subdomain == pod["subdomain"] == service["metadata"]["name"] == "lm"
+  assert jobset["spec"]["network"]["enableDNSHostnames"] is True
+  # Pod host names are <jobset>-<replicated job>-<job index>-<completion index>.
+  assert env["JAX_COORDINATOR_ADDRESS"]["value"] == f"lm-worker-0-0.{subdomain}:1234"
+  assert env["JAX_PROCESS_ID"]["valueFrom"] == {
+    "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+  }
+  assert service["spec"]["clusterIP"] == "None"
+  assert service["spec"]["selector"] == {"jobset.sigs.k8s.io/jobset-name": "lm"}
+  assert {"name": "coordinator", "containerPort": 1234} in _container(pod)["ports"]
+
+
+def test_the_env_it_sets_is_what_trainer_runtime_joins_with(monkeypatch):
+  """The rendered env, as Kubernetes would resolve it for pod 2, reaches jax.distributed.initialize."""
+  container = _container(_gpu_pod(k8s.render(**BASE)))
+  resolved = {e["name"]: e.get("value", "2") for e in container["env"]}  # fieldRef: completion index 2.
+  for name in (
+    "JAX_COORDINATOR_ADDRESS",
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
+    "SLURM_NTASKS",
+    "SLURM_JOB_ID",
+  ):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in resolved.items():
+    monkeypatch.setenv(name, value)
+  calls = []
+  monkeypatch.setattr(runtime, "_initialize", lambda *args: calls.append(args))
+  runtime.join_job(None, None, None)
+  assert [call[:3] for call in calls] == [("train-worker-0-0.train:55527", 4, 2)]
+
+
+def test_command_runs_main_with_config_workdir_and_the_extra_flags():
+  container = _container(_gpu_pod(k8s.render(**BASE)))
+  assert container["command"] == ["python", "main.py"]
+  assert container["args"] == [
+    "--config=configs/lm_small.py",
+    "--workdir=/runs/lm_small",
+    "--config.steps=1000",
+    "--config.mesh.fsdp=8",
+  ]
+  assert container["workingDir"] == "/app"
+  assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+
+
+def test_workdir_volume_and_shared_memory():
+  pod = _gpu_pod(k8s.render(**BASE, mount_path="/runs", shm_size="8Gi"))
+  volumes = {v["name"]: v for v in pod["volumes"]}
+  mounts = {m["name"]: m["mountPath"] for m in _container(pod)["volumeMounts"]}
+  assert volumes["workdir"]["persistentVolumeClaim"] == {"claimName": "runs"}
+  assert mounts == {"workdir": "/runs", "dshm": "/dev/shm"}
+  assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+  # A gs:// workdir mounts nothing; no shm_size keeps the default /dev/shm; 0 GPUs: a CPU-only pod.
+  pod = _gpu_pod(
+    k8s.render(**dict(BASE, workdir="gs://bucket/run", pvc=None), shm_size=None, gpus_per_replica=0)
+  )
+  assert pod["volumes"] == [] and _container(pod)["volumeMounts"] == []
+  assert "resources" not in _container(pod)
+
+
+def test_user_error_exit_fails_the_jobset_instead_of_restarting_it():
+  jobset = _by_kind(k8s.render(**BASE))["JobSet"]
+  [rule] = _job(jobset, "worker")["template"]["spec"]["podFailurePolicy"]["rules"]
+  assert rule == {
+    "action": "FailJob",
+    "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]},
+  }
+  [js_rule] = jobset["spec"]["failurePolicy"]["rules"]
+  assert js_rule["action"] == "FailJobSet" and js_rule["onJobFailureReasons"] == ["PodFailurePolicy"]
+
+
+@pytest.mark.parametrize("kwargs", [BASE, PATHWAYS])
+def test_a_preempted_run_exits_non_zero_so_the_jobset_restarts_it(kwargs):
+  """A preempted run that exited 0 on every pod would complete the Job; 2 would fail the JobSet."""
+  jobset = _by_kind(k8s.render(**kwargs))["JobSet"]
+  job = _job(jobset, "pathways-head" if kwargs.get("pathways") else "worker")
+  code = _env(_container(job["template"]["spec"]["template"]["spec"]))["PREEMPTED_EXIT_CODE"]["value"]
+  assert int(code) not in (0, k8s.USER_ERROR_EXIT)
+
+
+@pytest.mark.parametrize(
+  "tpu, topology, hosts, chips, instance_type",
+  [
+    ("v5e", "4x4", 4, 4, "tpuv5e:4x4"),
+    ("v5p", "2x2x2", 2, 4, "tpuv5:2x2x2"),
+    ("v6e", "1x1", 1, 1, "tpuv6e:1x1"),
+  ],
+)
+def test_pathways_manifest(tpu, topology, hosts, chips, instance_type):
+  objects = k8s.render(**dict(PATHWAYS, tpu=tpu, topology=topology, replicas=2))
+  assert [o["kind"] for o in objects] == ["JobSet"]
+  [jobset] = objects
+  assert schema.validate_object(jobset) == []
+  spec = jobset["spec"]
+  assert [r["name"] for r in spec["replicatedJobs"]] == ["pathways-head", "worker"]
+  assert spec["coordinator"] == {"replicatedJob": "pathways-head", "jobIndex": 0, "podIndex": 0}
+  assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["pathways-head"]}
+
+  head = _job(jobset, "pathways-head")
+  assert head["replicas"] == 1
+  assert head["template"]["spec"]["parallelism"] == head["template"]["spec"]["completions"] == 1
+  head_pod = head["template"]["spec"]["template"]["spec"]
+  sidecars = {c["name"]: c for c in head_pod["initContainers"]}
+  assert set(sidecars) == {"pathways-rm", "pathways-proxy"}
+  assert all(c["restartPolicy"] == "Always" for c in sidecars.values())
+  assert f"--instance_type={instance_type}" in sidecars["pathways-rm"]["args"]
+  assert "--instance_count=2" in sidecars["pathways-rm"]["args"]
+  trainer = _container(head_pod)
+  assert trainer["command"] == ["python", "main.py"]
+  assert trainer["args"][:3] == ["--pathways", "--config=configs/lm_small.py", "--workdir=/runs/lm_small"]
+  env = _env(trainer)
+  assert env["JAX_PLATFORMS"]["value"] == "proxy"
+  assert env["JAX_BACKEND_TARGET"]["value"] == "grpc://$(PATHWAYS_HEAD):29000"
+  assert env["PATHWAYS_HEAD"]["valueFrom"]["fieldRef"]["fieldPath"] == k8s.COORDINATOR_LABEL
+  assert "JAX_PROCESS_ID" not in env  # One controller process: no jax.distributed.
+
+  worker = _job(jobset, "worker")
+  assert worker["replicas"] == 2  # TPU slices.
+  assert worker["template"]["spec"]["parallelism"] == worker["template"]["spec"]["completions"] == hosts
+  worker_pod = worker["template"]["spec"]["template"]["spec"]
+  assert _container(worker_pod, "pathways-worker")["resources"] == {"limits": {"google.com/tpu": chips}}
+  assert worker_pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == topology
+
+
+# --- Bad input: a clear error, never a manifest that fails on the cluster.
+
+
+@pytest.mark.parametrize(
+  "overrides, fragment",
+  [
+    (dict(replicas=0), "replicas=0: must be a whole number of at least 1"),
+    (dict(replicas=-2), "replicas=-2"),
+    (dict(replicas=2.0), "replicas=2.0"),
+    (dict(image=""), "image is empty"),
+    (dict(image="   "), "image is empty"),
+    (dict(image="a b"), "whitespace"),
+    (dict(config=""), "config is empty"),
+    (dict(workdir=""), "workdir is empty"),
+    (dict(pvc=None), "give pvc=CLAIM"),
+    (dict(workdir="/data/run"), "outside the volume mounted at /runs"),
+    (dict(workdir="/runs/../etc"), "outside the volume"),
+    (dict(workdir="runs/x"), "workdir='runs/x': must be an absolute path"),
+    (dict(name="Train"), "name='Train'"),
+    (dict(name="x" * 60), "exceeds 63 characters"),
+    (dict(command_args=["--workdir=/elsewhere"]), "--workdir is set by the manifest"),
+    (dict(command_args=["--process_id=0"]), "--process_id is set by the manifest"),
+    (dict(command_args="--config.steps=3"), "a list of flags"),
+    (dict(command_args=["--cpu_devices=8"]), "GPUs per pod would sit idle"),
+    (dict(gpus_per_replica=-1), "gpus_per_replica=-1"),
+    (dict(env={"STEPS": 3}), "as strings"),
+    (dict(env={"1BAD": "x"}), "the manifest would be invalid"),
+    (dict(max_restarts=-1), "max_restarts=-1"),
+    (dict(pathways=True), "gcs_scratch=None"),
+    (dict(PATHWAYS, tpu="v9"), "tpu='v9'"),
+    (dict(PATHWAYS, topology="4x4x4"), "takes 2 dimensions"),
+    (dict(PATHWAYS, command_args=["--pathways"]), "--pathways is set by the manifest"),
+  ],
+)
+def test_bad_input_is_rejected_with_a_clear_error(overrides, fragment):
+  with pytest.raises(k8s.RenderError) as e:
+    k8s.render(**{**BASE, **overrides})
+  assert fragment in str(e.value)
+
+
+# --- The CLI.
+
+CLI = [
+  "--image=registry.example/jax-template:1",
+  "--replicas=4",
+  "--pvc=runs",
+  "--config=configs/lm_small.py",
+  "--workdir=/runs/lm_small",
+  "--",
+  "--config.steps=1000",
+  "--config.mesh.fsdp=8",
+]
+
+
+def test_cli_writes_yaml_to_stdout(capsys):
+  assert k8s.main(CLI) == 0
+  assert list(yaml.safe_load_all(capsys.readouterr().out)) == k8s.render(**BASE)
+
+
+def test_cli_writes_json_to_a_file(tmp_path, capsys):
+  out = tmp_path / "job.json"
+  assert k8s.main(["--format=json", f"--output={out}", *CLI]) == 0
+  document = json.loads(out.read_text())
+  assert document["kind"] == "List" and document["items"] == k8s.render(**BASE)
+  assert "wrote" in capsys.readouterr().err
+
+
+def test_cli_pathways(capsys):
+  argv = ["--pathways", "--gcs_scratch=gs://bucket/pathways", "--tpu=v5p", "--topology=2x2x4", *CLI]
+  assert k8s.main(argv) == 0
+  text = capsys.readouterr().out
+  assert (
+    "&id" not in text and "*id" not in text
+  )  # Written out in full: no YAML anchors for a reader to chase.
+  documents = list(yaml.safe_load_all(text))
+  assert documents == k8s.render(**dict(PATHWAYS, tpu="v5p", topology="2x2x4"))
+
+
+def test_cli_bad_input_is_one_error_line(capsys):
+  assert k8s.main([a if a != "--replicas=4" else "--replicas=0" for a in CLI]) == 2
+  assert capsys.readouterr().err.splitlines() == ["error: replicas=0: must be a whole number of at least 1"]
+  assert k8s.main(["--env=NOEQUALS", *CLI]) == 2
+  assert capsys.readouterr().err.startswith("error: --env='NOEQUALS': must be KEY=VALUE")
+
+
+def test_cli_runs_as_a_script():
+  result = subprocess.run(
+    [sys.executable, "launch/k8s/render.py", "--format=json", *CLI], cwd=REPO, capture_output=True, text=True
+  )
+  assert result.returncode == 0, result.stderr
+  assert json.loads(result.stdout)["items"] == k8s.render(**BASE)
+
+
+def test_yaml_output_falls_back_to_json_without_pyyaml(monkeypatch):
+  monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` now raises ImportError.
+  objects = k8s.render(**BASE)
+  assert json.loads(k8s.to_yaml(objects))["items"] == objects
+
+
+# --- trainer/pathways.py
+
+
+def test_initialize_without_pathwaysutils_is_a_user_error(monkeypatch):
+  monkeypatch.setitem(sys.modules, "pathwaysutils", None)  # Not installed, even where it is.
+  with pytest.raises(UserError) as e:
+    pathways.initialize()
+  assert str(e.value) == "--pathways needs the pathwaysutils package: pip install pathwaysutils"
+
+
+def _fake_pathwaysutils(monkeypatch, backend_target):
+  module = types.ModuleType("pathwaysutils")
+  module.calls = []
+  module.initialize = lambda: module.calls.append(jax.config.jax_platforms)
+  monkeypatch.setitem(sys.modules, "pathwaysutils", module)
+  # JAX's global config stays untouched: other tests in this process run on CPU devices.
+  updates = []
+  monkeypatch.setattr(jax.config, "update", lambda name, value: updates.append((name, value)))
+  real_read = jax.config.read
+  monkeypatch.setattr(
+    jax.config, "read", lambda name: backend_target if name == "jax_backend_target" else real_read(name)
+  )
+  return module, updates
+
+
+def test_initialize_selects_the_proxy_platform_and_calls_pathwaysutils(monkeypatch):
+  module, updates = _fake_pathwaysutils(monkeypatch, "grpc://head:29000")
+  pathways.initialize()
+  assert updates == [("jax_platforms", "proxy")]  # conftest set "cpu": pathwaysutils would do nothing.
+  assert len(module.calls) == 1
+
+
+def test_initialize_without_a_backend_target_is_a_user_error(monkeypatch):
+  module, updates = _fake_pathwaysutils(monkeypatch, "")
+  with pytest.raises(UserError, match="JAX_BACKEND_TARGET=grpc://HOST:PORT"):
+    pathways.initialize()
+  assert updates == [] and module.calls == []
+
+
+@pytest.mark.parametrize(
+  "flag, env, expected",
+  [
+    (True, {}, True),
+    (False, {}, False),
+    (False, {"JAX_PLATFORMS": "proxy"}, True),
+    (False, {"JAX_PLATFORMS": "proxy,cpu"}, True),
+    (False, {"JAX_PLATFORMS": "cuda"}, False),
+    (False, {"PATHWAYS": "1"}, True),
+    (False, {"PATHWAYS": "true"}, True),
+    (False, {"PATHWAYS": "0"}, False),
+    (False, {"PATHWAYS": "False"}, False),
+    (False, {"PATHWAYS": ""}, False),
+  ],
+)
+def test_requested(monkeypatch, flag, env, expected):
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  monkeypatch.delenv("PATHWAYS", raising=False)
+  for key, value in env.items():
+    monkeypatch.setenv(key, value)
+  assert pathways.requested(flag) is expected

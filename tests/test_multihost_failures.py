@@ -1,0 +1,173 @@
+"""Real multi-process jobs on 127.0.0.1 that go wrong: a stalled process (SIGSTOP), a dead process
+(SIGKILL), processes started with different configs; and a hybrid (DCN x ICI) mesh that matches one
+process. Every job must end by itself, non-zero, with a report: never hang."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from launch.local import free_port
+from tests.conftest import REPO, TINY_FLAGS, train_losses
+
+pytestmark = pytest.mark.slow
+
+LAUNCHER = os.path.join(REPO, "launch", "local.py")
+STEP_TIMEOUT_S = 6  # Below JAX's heartbeat timeout (40 s here): the watchdog reports first, with stacks.
+LONG = [
+  *TINY_FLAGS,
+  "--config.steps=100000",
+  "--config.checkpoint.every=100000",
+  f"--config.watchdog.step_timeout_s={STEP_TIMEOUT_S}",
+]
+
+
+def _launch(workdir, *flags):
+  env = {**os.environ, "JAX_HEARTBEAT_TIMEOUT_S": "40"}
+  return subprocess.Popen(
+    [sys.executable, LAUNCHER, "--processes=2", "--cpu_devices=4", "--grace_s=5", "--"]
+    + [f"--workdir={workdir}", *flags],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env=env,
+  )
+
+
+def _child(launcher, process_id):
+  for proc in psutil.Process(launcher.pid).children(recursive=True):
+    try:
+      if f"--process_id={process_id}" in proc.cmdline():
+        return proc
+    except psutil.NoSuchProcess:
+      pass
+  raise AssertionError(f"no process {process_id}")
+
+
+def _wait_for_steps(workdir, launcher, n, timeout=120):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if os.path.exists(os.path.join(workdir, "metrics.jsonl")) and len(train_losses(workdir)) >= n:
+      return
+    assert launcher.poll() is None, launcher.stdout.read()
+    time.sleep(0.1)
+  raise AssertionError("training did not start")
+
+
+def _cleanup(launcher):
+  for proc in psutil.Process(launcher.pid).children(recursive=True) if launcher.poll() is None else []:
+    try:
+      proc.send_signal(signal.SIGCONT)
+      proc.kill()
+    except psutil.NoSuchProcess:
+      pass
+  if launcher.poll() is None:
+    launcher.kill()
+  launcher.wait(timeout=30)
+
+
+def test_a_stalled_process_ends_the_job_with_stacks_and_names_it(tmp_path):
+  launcher = _launch(tmp_path, *LONG)
+  try:
+    _wait_for_steps(str(tmp_path), launcher, 3)
+    stalled = _child(launcher, 1)
+    step = max(train_losses(str(tmp_path)))
+    stalled.send_signal(signal.SIGSTOP)
+    t0 = time.time()
+    out, _ = launcher.communicate(timeout=STEP_TIMEOUT_S + 30)
+    assert time.time() - t0 <= STEP_TIMEOUT_S + 30
+  finally:
+    _cleanup(launcher)
+  assert launcher.returncode != 0, out
+  stuck = re.search(r"\[p0\] watchdog: process 0 stuck in (\w+) at step (\d+)", out)
+  assert stuck, out
+  assert "[p0] watchdog: suspect process 1" in out, out
+  assert "Thread 0x" in out and "(most recent call first)" in out, out  # faulthandler's stacks.
+  assert step <= int(stuck.group(2)) <= step + 3
+
+
+def test_a_killed_process_ends_the_job_with_a_clear_message(tmp_path):
+  launcher = _launch(tmp_path, *LONG)
+  try:
+    _wait_for_steps(str(tmp_path), launcher, 3)
+    _child(launcher, 1).kill()
+    out, _ = launcher.communicate(timeout=STEP_TIMEOUT_S + 30)
+  finally:
+    _cleanup(launcher)
+  assert launcher.returncode != 0, out
+  assert "[launch] process 1" in out, out
+
+
+def test_processes_with_different_configs_stop_before_training(tmp_path):
+  port = free_port()
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "main.py", "--cpu_devices=4", f"--coordinator_address=127.0.0.1:{port}"]
+      + [
+        "--num_processes=2",
+        f"--process_id={i}",
+        f"--workdir={tmp_path}",
+        *TINY_FLAGS,
+        f"--config.steps={5 + i}",
+      ],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      env={**os.environ, "JAX_HEARTBEAT_TIMEOUT_S": "10", "JAX_INIT_TIMEOUT_S": "60"},
+    )
+    for i in range(2)
+  ]
+  try:
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  for p, out in zip(procs, outs, strict=True):
+    assert p.returncode != 0, out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert (
+      len(errors) == 1
+      and "disagree on config.steps: 5 here, 6 there" in errors[0]
+      or ("config.steps: 6 here, 5 there" in errors[0])
+    ), out
+    assert "step 1/" not in out
+  assert not os.path.exists(os.path.join(tmp_path, "metrics.jsonl"))
+
+
+def test_hybrid_mesh_across_processes_matches_one_process(tmp_path):
+  hybrid = ["--config.steps=5", "--config.mesh.dcn_data=2", "--config.mesh.data=1"]
+  launcher = _launch(tmp_path / "two", *TINY_FLAGS, *hybrid)
+  try:
+    out, _ = launcher.communicate(timeout=180)
+  finally:
+    _cleanup(launcher)
+  assert launcher.returncode == 0, out
+  assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out
+  one = subprocess.run(
+    [
+      sys.executable,
+      "main.py",
+      "--cpu_devices=8",
+      *TINY_FLAGS,
+      "--config.steps=5",
+      f"--workdir={tmp_path / 'one'}",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=180,
+  )
+  assert one.returncode == 0, one.stderr
+  a, b = train_losses(str(tmp_path / "two")), train_losses(str(tmp_path / "one"))
+  assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+  for s in a:
+    assert abs(a[s] - b[s]) <= 1e-5 * abs(b[s]), (s, a[s], b[s])

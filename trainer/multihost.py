@@ -1,0 +1,60 @@
+"""Agreement and barriers between processes through JAX's coordination service (never an all-gather
+on the devices): both have timeouts, so a missing process ends the job with a message, not a hang."""
+
+import json
+
+import jax
+from jax._src import distributed
+
+from trainer.errors import UserError
+
+
+def client():
+  """The coordination service client, or None in a single-process run."""
+  return distributed.global_state.client if jax.process_count() > 1 else None
+
+
+def barrier(name: str, timeout_s: float) -> None:
+  c = client()
+  if c is None:
+    return
+  try:
+    c.wait_at_barrier(name, int(timeout_s * 1000))
+  except Exception as e:  # noqa: BLE001 - the service reports a timeout as a runtime error.
+    raise UserError(f"barrier {name!r}: not every process arrived within {timeout_s:.0f} s ({e})") from None
+
+
+def _flatten(tree, prefix=""):
+  if isinstance(tree, dict):
+    for k in sorted(tree):
+      yield from _flatten(tree[k], f"{prefix}{k}.")
+  else:
+    yield prefix[:-1], tree
+
+
+def first_difference(mine: dict, theirs: dict) -> str | None:
+  """'config.steps: 5 here, 7 there' for the first differing leaf, or None."""
+  a, b = dict(_flatten(mine)), dict(_flatten(theirs))
+  for key in sorted(set(a) | set(b)):
+    if a.get(key) != b.get(key):
+      return f"{key}: {a.get(key)!r} here, {b.get(key)!r} there"
+  return None
+
+
+def check_agreement(fields: dict, timeout_s: float) -> None:
+  """Every process must run the same config, code revision and library versions; else a UserError on
+  every process naming the first difference, before any training step."""
+  c = client()
+  if c is None:
+    return
+  me = jax.process_index()
+  c.key_value_set(f"agreement/{me}", json.dumps(fields, sort_keys=True, default=str))
+  for other in range(jax.process_count()):
+    if other == me:
+      continue
+    try:
+      theirs = json.loads(c.blocking_key_value_get(f"agreement/{other}", int(timeout_s * 1000)))
+    except Exception:  # noqa: BLE001 - a timeout: the other process never got this far.
+      raise UserError(f"process {other} did not report its config within {timeout_s:.0f} s") from None
+    if diff := first_difference(json.loads(json.dumps(fields, default=str)), theirs):
+      raise UserError(f"process {me} and process {other} disagree on {diff}; start every process alike")
