@@ -37,3 +37,12 @@ def test_finished_run_resumes_to_nothing_new(tmp_path):
   assert summary["final_step"] == 3
   steps = [r["step"] for r in read_jsonl(os.path.join(tmp_path, "metrics.jsonl")) if "loss" in r]
   assert steps == [1, 2, 3]
+
+
+def test_eval_mode_reevaluates_the_final_checkpoint_exactly(tmp_path):
+  from trainer.evaluate import evaluate_checkpoint
+
+  summary = train(tiny_config(steps=3), str(tmp_path))
+  row = evaluate_checkpoint(tiny_config(steps=3), str(tmp_path))
+  assert row["step"] == 3 and row["eval_loss"] == summary["eval_loss"]
+  assert os.path.exists(os.path.join(tmp_path, "eval.json"))

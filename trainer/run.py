@@ -17,10 +17,18 @@ def run(config, workdir: str, mode: str) -> None:
     code = os.environ.get("PREEMPTED_EXIT_CODE")
     if code and summary.get("preempted_by") and summary["final_step"] < config.steps:
       sys.exit(int(code))
+  elif mode == "eval":
+    from trainer.evaluate import evaluate_checkpoint
+
+    evaluate_checkpoint(config, workdir)
+  elif mode == "inspect":
+    from trainer.inspection import inspect
+
+    inspect(config, workdir)
   elif mode == "verify":
     from trainer.verify import verify
 
     if not verify(config, workdir):
       sys.exit(1)  # The table above says which group and step failed.
   else:
-    raise UserError(f"--mode={mode} is not available yet; use one of: train, verify")
+    raise UserError(f"--mode={mode}: use one of {', '.join(MODES)}")

@@ -5,30 +5,16 @@ import os
 import time
 
 import jax
-import numpy as np
 
 from data import pipeline
 from trainer import checkpointing, components, multihost
 from trainer import state as state_lib
 from trainer.errors import UserError
+from trainer.evaluate import evaluate
 from trainer.metrics import MetricsLog, Window, console, device_label, progress_line
 from trainer.preemption import Preemption
 from trainer.step import make_eval_step, make_train_step
 from trainer.watchdog import Watchdog
-
-
-def evaluate(comp: components.Components, eval_step, params, config) -> dict:
-  """Held-out loss over `eval_steps` batches: sums and counts added up, divided once."""
-  local = components.local_batches(comp, config, "eval")
-  totals = None
-  for t in range(config.eval_steps):
-    batch = pipeline.to_global(local(t), comp.batch_sharding, comp.plan.global_batch_size)
-    with jax.set_mesh(comp.mesh):
-      sums = eval_step(params, batch)
-    totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
-  totals = jax.device_get(totals)
-  count = float(totals.pop("count"))
-  return {f"eval_{k}": float(v) / count for k, v in totals.items()}
 
 
 def train(config, workdir: str, stop_after: int | None = None, devices=None) -> dict:

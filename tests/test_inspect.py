@@ -1,0 +1,55 @@
+"""--mode=inspect reports where every shard lives and which collectives the compiled step runs."""
+
+import json
+
+import jax
+
+from tests.conftest import TINY_FLAGS, run_main, tiny_config
+from trainer.inspection import report
+
+
+def _cfg(mesh, strategy):
+  data, fsdp, tensor = mesh
+  return tiny_config(
+    **{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor, "sharding.strategy": strategy}
+  )
+
+
+def test_data_parallel_replicates_params_and_all_reduces_gradients_over_data():
+  out = report(_cfg((8, 1, 1), "dp"))
+  assert out["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+  assert all(d["logical_cpu"] for d in out["devices"]) and len(out["devices"]) == 8
+  for p in out["params"]:
+    assert p["bytes_per_device"] == p["bytes_total"]
+    assert all(s["index"] == [[0, n] for n in p["shape"]] for s in p["shards"])
+  kinds = {(c["kind"], tuple(c["axes"])) for c in out["compiled"]["collectives"]}
+  assert ("all-reduce", ("data",)) in kinds
+  assert not any(kind == "all-gather" for kind, _ in kinds)
+  grads = [c for c in out["compiled"]["collectives"] if c["kind"] == "all-reduce" and c["axes"] == ["data"]]
+  assert grads[0]["bytes_per_device"] >= out["totals"]["param_bytes"]  # Every gradient crosses once.
+
+
+def test_fsdp_tp_splits_params_and_gathers_them_over_fsdp():
+  out = report(_cfg((2, 2, 2), "fsdp_tp"))
+  wq = next(p for p in out["params"] if p["path"] == "blocks/0/attn/wq")
+  assert wq["logical_axes"] == ["embed", "heads", "kv"] and wq["spec"] == ["fsdp", "tensor", None]
+  assert wq["bytes_per_device"] * 4 == wq["bytes_total"]
+  assert len({json.dumps(s["index"]) for s in wq["shards"]}) == 4  # 4 distinct shards, each on 2 devices.
+  t = out["totals"]
+  assert (
+    t["param_bytes_per_device_max"] < t["param_bytes"]
+    and t["opt_state_bytes_per_device_max"] < t["opt_state_bytes"]
+  )
+  kinds = {(c["kind"], tuple(c["axes"])) for c in out["compiled"]["collectives"]}
+  assert ("all-gather", ("fsdp",)) in kinds
+  assert out["compiled"]["flops"] > 0 and out["compiled"]["memory_per_device"]["temp"] > 0
+
+
+def test_inspect_cli_writes_inspect_json(tmp_path):
+  result = run_main("--mode=inspect", f"--workdir={tmp_path}", "--cpu_devices=8", *TINY_FLAGS)
+  assert result.returncode == 0, result.stderr
+  assert "logical CPU devices" in result.stdout and "all-gather" in result.stdout
+  with open(tmp_path / "inspect.json") as f:
+    out = json.load(f)
+  assert set(out) >= {"devices", "mesh", "params", "totals", "compiled"}
+  assert {d["id"] for d in out["devices"]} == {d.id for d in jax.devices()}
