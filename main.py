@@ -5,6 +5,7 @@
 The only file that defines flags. Mistakes a user can make end with one `error:` line.
 """
 
+import re
 import sys
 
 from absl import app, flags, logging
@@ -42,9 +43,24 @@ def _parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    _fail(str(e).splitlines()[0] if str(e) else repr(e))
-  except Exception as e:  # A config file that fails to load or sets an unknown key.
-    _fail(f"{type(e).__name__}: {e}".splitlines()[0])
+    _fail(_one_line(str(e)) or repr(e))
+  except (AttributeError, KeyError) as e:  # A config (file or override) naming a key base.py lacks.
+    _fail(_unknown_key(str(e)))
+  except Exception as e:  # A config file that fails to load.
+    _fail(_one_line(f"{type(e).__name__}: {e}"))
+
+
+def _unknown_key(msg: str) -> str:
+  """ml_collections' message (a repr nested in a repr, with the whole config) cut to what to change."""
+  key = re.search(r"""Key \\?["'](\w+)""", msg) or re.search(r"^\W*(\w+)", msg)
+  hint = re.search(r"""Did you mean \\?["'](\w+)""", msg)
+  name = key.group(1) if key else "?"
+  suggestion = f"; did you mean {hint.group(1)!r}?" if hint else ""
+  return f"unknown config key {name!r}{suggestion} (every key is defined in configs/base.py)"
+
+
+def _one_line(msg: str) -> str:
+  return "; ".join(line.strip() for line in msg.strip().splitlines() if line.strip())
 
 
 def main(argv):

@@ -83,4 +83,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.watchdog.startup_timeout_s = 600.0  # Start-up incl. first compile longer than this ends the job.
   c.watchdog.step_timeout_s = 300.0  # A step, barrier or save longer than this ends the job.
 
+  c.lock()  # A config that sets a key not defined above fails when it is loaded.
   return c

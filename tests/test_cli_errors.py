@@ -19,8 +19,8 @@ def _assert_one_error_line(result, *fragments):
 @pytest.mark.parametrize(
   "args, fragments",
   [
-    (["--config.stpes=10"], ["stpes"]),
-    (["--config.mesh.dta=2"], ["dta"]),
+    (["--config.stpes=10"], ["unknown config key 'stpes'", "did you mean 'steps'"]),
+    (["--config.mesh.dta=2"], ["unknown config key 'dta'"]),
     (["--config.mesh.data=3"], ["mesh", "8 devices"]),
     (["--config.global_batch_size=30"], ["global_batch_size=30", "data-parallel size 4"]),
     (["--config.experiment=nope"], ["experiments/nope.py"]),
@@ -30,6 +30,15 @@ def _assert_one_error_line(result, *fragments):
 def test_bad_input_gives_one_error_line(tmp_path, args, fragments):
   result = run_main(SMOKE, f"--workdir={tmp_path}", "--cpu_devices=8", *args)
   _assert_one_error_line(result, *fragments)
+
+
+def test_a_config_file_setting_an_unknown_key_is_an_error(tmp_path):
+  config = tmp_path / "typo.py"
+  config.write_text(
+    "from configs import base\n\ndef get_config():\n  c = base.get_config()\n  c.stpes = 3\n  return c\n"
+  )
+  result = run_main(f"--config={config}", f"--workdir={tmp_path}")
+  _assert_one_error_line(result, "unknown config key 'stpes'", "did you mean 'steps'")
 
 
 def test_missing_workdir_is_an_error():
