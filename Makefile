@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint clean
+.PHONY: setup train test test-slurm lint clean
 
 setup: $(STAMP)
 
@@ -21,8 +21,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# The whole suite, tests/test_slurm.py included; pyproject's `-ra` lists every skip with its reason.
 test: lint
 	$(PY) -m pytest -q
+
+# launch/slurm/train.sbatch on a real single-node SLURM (apt-get installs it when run as root).
+# Where SLURM cannot run the tests are skipped, and -rs prints why.
+test-slurm: $(STAMP)
+	$(PY) -m pytest -q -rs tests/test_slurm.py
 
 clean:
 	rm -rf runs build *.egg-info
