@@ -137,5 +137,9 @@ def join_job(
       os.environ["JAX_COORDINATOR_ADDRESS"], num, pid, init_timeout_s, heartbeat_timeout_s, shutdown_timeout_s
     )
   elif _cluster_env():
-    # SLURM / Kubernetes: JAX reads the scheduler's environment.
+    # SLURM / Kubernetes: JAX reads the scheduler's environment. Its SLURM detection gives each process
+    # only GPU number SLURM_LOCALID: with one task per node, GPU 0 of 8. A lone task drives all it sees.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible and os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").split("(")[0] == "1":
+      os.environ.setdefault("JAX_LOCAL_DEVICE_IDS", ",".join(map(str, range(len(visible.split(","))))))
     _initialize(None, None, None, init_timeout_s, heartbeat_timeout_s, shutdown_timeout_s)
