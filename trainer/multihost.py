@@ -48,13 +48,16 @@ def check_agreement(fields: dict, timeout_s: float) -> None:
   if c is None:
     return
   me = jax.process_index()
-  c.key_value_set(f"agreement/{me}", json.dumps(fields, sort_keys=True, default=str))
+  mine = json.loads(json.dumps(fields, sort_keys=True, default=str))
+  c.key_value_set(f"agreement/{me}", json.dumps(mine))
+  barrier("agreement_reported", timeout_s)  # Every report is in the store.
+  diffs = []
   for other in range(jax.process_count()):
-    if other == me:
-      continue
-    try:
-      theirs = json.loads(c.blocking_key_value_get(f"agreement/{other}", int(timeout_s * 1000)))
-    except Exception:  # noqa: BLE001 - a timeout: the other process never got this far.
-      raise UserError(f"process {other} did not report its config within {timeout_s:.0f} s") from None
-    if diff := first_difference(json.loads(json.dumps(fields, default=str)), theirs):
-      raise UserError(f"process {me} and process {other} disagree on {diff}; start every process alike")
+    if other != me and (
+      diff := first_difference(mine, json.loads(c.key_value_try_get(f"agreement/{other}")))
+    ):
+      diffs.append(f"process {me} and process {other} disagree on {diff}")
+  # Nobody leaves before everyone has read: process 0 hosts the store, and its exit ends the service.
+  barrier("agreement_checked", timeout_s)
+  if diffs:
+    raise UserError(f"{diffs[0]}; start every process alike")
