@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, TINY_FLAGS, train_losses
+from tests.conftest import REPO, TINY_FLAGS, read_jsonl, train_losses
 
 LAUNCHER = os.path.join(REPO, "launch", "local.py")
 
@@ -285,3 +285,30 @@ def test_a_failing_process_ends_the_job(tmp_path):
       launcher.wait(timeout=10)
     for pid in _processes_mentioning(str(tmp_path)):
       os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_four_processes_train_like_one_and_resume_in_one_process(tmp_path):
+  """4 processes x 2 devices match 1 x 8; the 4-process checkpoint resumes in 1 process, which then
+  sees exactly the global batches the 4 processes would have seen (invariant 2, 3)."""
+  four, one = tmp_path / "four", tmp_path / "one"
+  result = _launch(
+    "--processes=4",
+    "--cpu_devices=2",
+    "--",
+    *TINY_FLAGS,
+    "--config.steps=3",
+    f"--workdir={four}",
+    tag=str(four),
+    timeout=180,
+  )
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "[p3] " in result.stdout + result.stderr
+  assert _main_single(one, "--config.steps=3").returncode == 0
+  _assert_close(train_losses(str(four)), train_losses(str(one)), range(1, 4))
+
+  resumed = _main_single(four, "--config.steps=5")  # The 4-process run, continued by one process.
+  assert resumed.returncode == 0 and "resumed from checkpoint 3" in resumed.stdout, resumed.stderr
+  assert _main_single(one, "--config.steps=5").returncode == 0
+  _assert_close(train_losses(str(four)), train_losses(str(one)), range(1, 6))
+  assert [r["batch"] for r in read_jsonl(str(four / "metrics.jsonl")) if "loss" in r] == list(range(5))

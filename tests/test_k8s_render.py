@@ -1,21 +1,19 @@
-"""launch/k8s/render.py: the JobSet manifests (GPU and Pathways) against vendored schemas, their wiring into
-trainer/runtime.py, bad input, the CLI; and trainer/pathways.py. No cluster, no TPU, no network."""
+"""launch/k8s/render.py: the GPU JobSet manifest against vendored schemas, its wiring into trainer/runtime.py,
+bad input, the CLI, and the schema validator itself. No cluster, no network. The Pathways variant and
+trainer/pathways.py: tests/test_k8s_pathways.py, which shares BASE, CLI and the helpers below."""
 
 import copy
 import json
 import subprocess
 import sys
-import types
 
-import jax
 import pytest
 import yaml
 
 from launch.k8s import render as k8s
 from launch.k8s import schema
 from tests.conftest import REPO
-from trainer import pathways, runtime
-from trainer.errors import UserError
+from trainer import runtime
 
 BASE = dict(
   image="registry.example/jax-template:1",
@@ -25,7 +23,6 @@ BASE = dict(
   replicas=4,
   pvc="runs",
 )
-PATHWAYS = dict(BASE, pathways=True, gcs_scratch="gs://bucket/pathways", tpu="v5e", topology="4x4")
 
 
 def _by_kind(objects):
@@ -204,57 +201,10 @@ def test_user_error_exit_fails_the_jobset_instead_of_restarting_it():
   assert js_rule["action"] == "FailJobSet" and js_rule["onJobFailureReasons"] == ["PodFailurePolicy"]
 
 
-@pytest.mark.parametrize("kwargs", [BASE, PATHWAYS])
-def test_a_preempted_run_exits_non_zero_so_the_jobset_restarts_it(kwargs):
+def test_a_preempted_run_exits_non_zero_so_the_jobset_restarts_it():
   """A preempted run that exited 0 on every pod would complete the Job; 2 would fail the JobSet."""
-  jobset = _by_kind(k8s.render(**kwargs))["JobSet"]
-  job = _job(jobset, "pathways-head" if kwargs.get("pathways") else "worker")
-  code = _env(_container(job["template"]["spec"]["template"]["spec"]))["PREEMPTED_EXIT_CODE"]["value"]
+  code = _env(_container(_gpu_pod(k8s.render(**BASE))))["PREEMPTED_EXIT_CODE"]["value"]
   assert int(code) not in (0, k8s.USER_ERROR_EXIT)
-
-
-@pytest.mark.parametrize(
-  "tpu, topology, hosts, chips, instance_type",
-  [
-    ("v5e", "4x4", 4, 4, "tpuv5e:4x4"),
-    ("v5p", "2x2x2", 2, 4, "tpuv5:2x2x2"),
-    ("v6e", "1x1", 1, 1, "tpuv6e:1x1"),
-  ],
-)
-def test_pathways_manifest(tpu, topology, hosts, chips, instance_type):
-  objects = k8s.render(**dict(PATHWAYS, tpu=tpu, topology=topology, replicas=2))
-  assert [o["kind"] for o in objects] == ["JobSet"]
-  [jobset] = objects
-  assert schema.validate_object(jobset) == []
-  spec = jobset["spec"]
-  assert [r["name"] for r in spec["replicatedJobs"]] == ["pathways-head", "worker"]
-  assert spec["coordinator"] == {"replicatedJob": "pathways-head", "jobIndex": 0, "podIndex": 0}
-  assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["pathways-head"]}
-
-  head = _job(jobset, "pathways-head")
-  assert head["replicas"] == 1
-  assert head["template"]["spec"]["parallelism"] == head["template"]["spec"]["completions"] == 1
-  head_pod = head["template"]["spec"]["template"]["spec"]
-  sidecars = {c["name"]: c for c in head_pod["initContainers"]}
-  assert set(sidecars) == {"pathways-rm", "pathways-proxy"}
-  assert all(c["restartPolicy"] == "Always" for c in sidecars.values())
-  assert f"--instance_type={instance_type}" in sidecars["pathways-rm"]["args"]
-  assert "--instance_count=2" in sidecars["pathways-rm"]["args"]
-  trainer = _container(head_pod)
-  assert trainer["command"] == ["python", "main.py"]
-  assert trainer["args"][:3] == ["--pathways", "--config=configs/lm_small.py", "--workdir=/runs/lm_small"]
-  env = _env(trainer)
-  assert env["JAX_PLATFORMS"]["value"] == "proxy"
-  assert env["JAX_BACKEND_TARGET"]["value"] == "grpc://$(PATHWAYS_HEAD):29000"
-  assert env["PATHWAYS_HEAD"]["valueFrom"]["fieldRef"]["fieldPath"] == k8s.COORDINATOR_LABEL
-  assert "JAX_PROCESS_ID" not in env  # One controller process: no jax.distributed.
-
-  worker = _job(jobset, "worker")
-  assert worker["replicas"] == 2  # TPU slices.
-  assert worker["template"]["spec"]["parallelism"] == worker["template"]["spec"]["completions"] == hosts
-  worker_pod = worker["template"]["spec"]["template"]["spec"]
-  assert _container(worker_pod, "pathways-worker")["resources"] == {"limits": {"google.com/tpu": chips}}
-  assert worker_pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == topology
 
 
 # --- Bad input: a clear error, never a manifest that fails on the cluster.
@@ -285,10 +235,6 @@ def test_pathways_manifest(tpu, topology, hosts, chips, instance_type):
     (dict(env={"STEPS": 3}), "as strings"),
     (dict(env={"1BAD": "x"}), "the manifest would be invalid"),
     (dict(max_restarts=-1), "max_restarts=-1"),
-    (dict(pathways=True), "gcs_scratch=None"),
-    (dict(PATHWAYS, tpu="v9"), "tpu='v9'"),
-    (dict(PATHWAYS, topology="4x4x4"), "takes 2 dimensions"),
-    (dict(PATHWAYS, command_args=["--pathways"]), "--pathways is set by the manifest"),
   ],
 )
 def test_bad_input_is_rejected_with_a_clear_error(overrides, fragment):
@@ -324,17 +270,6 @@ def test_cli_writes_json_to_a_file(tmp_path, capsys):
   assert "wrote" in capsys.readouterr().err
 
 
-def test_cli_pathways(capsys):
-  argv = ["--pathways", "--gcs_scratch=gs://bucket/pathways", "--tpu=v5p", "--topology=2x2x4", *CLI]
-  assert k8s.main(argv) == 0
-  text = capsys.readouterr().out
-  assert (
-    "&id" not in text and "*id" not in text
-  )  # Written out in full: no YAML anchors for a reader to chase.
-  documents = list(yaml.safe_load_all(text))
-  assert documents == k8s.render(**dict(PATHWAYS, tpu="v5p", topology="2x2x4"))
-
-
 def test_cli_bad_input_is_one_error_line(capsys):
   assert k8s.main([a if a != "--replicas=4" else "--replicas=0" for a in CLI]) == 2
   assert capsys.readouterr().err.splitlines() == ["error: replicas=0: must be a whole number of at least 1"]
@@ -354,65 +289,3 @@ def test_yaml_output_falls_back_to_json_without_pyyaml(monkeypatch):
   monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` now raises ImportError.
   objects = k8s.render(**BASE)
   assert json.loads(k8s.to_yaml(objects))["items"] == objects
-
-
-# --- trainer/pathways.py
-
-
-def test_initialize_without_pathwaysutils_is_a_user_error(monkeypatch):
-  monkeypatch.setitem(sys.modules, "pathwaysutils", None)  # Not installed, even where it is.
-  with pytest.raises(UserError) as e:
-    pathways.initialize()
-  assert str(e.value) == "--pathways needs the pathwaysutils package: pip install pathwaysutils"
-
-
-def _fake_pathwaysutils(monkeypatch, backend_target):
-  module = types.ModuleType("pathwaysutils")
-  module.calls = []
-  module.initialize = lambda: module.calls.append(jax.config.jax_platforms)
-  monkeypatch.setitem(sys.modules, "pathwaysutils", module)
-  # JAX's global config stays untouched: other tests in this process run on CPU devices.
-  updates = []
-  monkeypatch.setattr(jax.config, "update", lambda name, value: updates.append((name, value)))
-  real_read = jax.config.read
-  monkeypatch.setattr(
-    jax.config, "read", lambda name: backend_target if name == "jax_backend_target" else real_read(name)
-  )
-  return module, updates
-
-
-def test_initialize_selects_the_proxy_platform_and_calls_pathwaysutils(monkeypatch):
-  module, updates = _fake_pathwaysutils(monkeypatch, "grpc://head:29000")
-  pathways.initialize()
-  assert updates == [("jax_platforms", "proxy")]  # conftest set "cpu": pathwaysutils would do nothing.
-  assert len(module.calls) == 1
-
-
-def test_initialize_without_a_backend_target_is_a_user_error(monkeypatch):
-  module, updates = _fake_pathwaysutils(monkeypatch, "")
-  with pytest.raises(UserError, match="JAX_BACKEND_TARGET=grpc://HOST:PORT"):
-    pathways.initialize()
-  assert updates == [] and module.calls == []
-
-
-@pytest.mark.parametrize(
-  "flag, env, expected",
-  [
-    (True, {}, True),
-    (False, {}, False),
-    (False, {"JAX_PLATFORMS": "proxy"}, True),
-    (False, {"JAX_PLATFORMS": "proxy,cpu"}, True),
-    (False, {"JAX_PLATFORMS": "cuda"}, False),
-    (False, {"PATHWAYS": "1"}, True),
-    (False, {"PATHWAYS": "true"}, True),
-    (False, {"PATHWAYS": "0"}, False),
-    (False, {"PATHWAYS": "False"}, False),
-    (False, {"PATHWAYS": ""}, False),
-  ],
-)
-def test_requested(monkeypatch, flag, env, expected):
-  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
-  monkeypatch.delenv("PATHWAYS", raising=False)
-  for key, value in env.items():
-    monkeypatch.setenv(key, value)
-  assert pathways.requested(flag) is expected
