@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from model.partitioning import logical_to_spec
+from trainer import mesh as mesh_lib
 from trainer.errors import UserError
 
 _BATCH = (("batch", ("data", "fsdp")),)
@@ -32,7 +33,6 @@ PRESETS = {
   "fsdp": _BATCH + _COMMON + _REPLICATED[1:] + (("embed", "fsdp"),) + _NO_TP_ACTS,
   "fsdp_tp": _BATCH + _COMMON + (("embed", "fsdp"),) + _TP + _TP_ACTS,
 }
-MESH_AXES = ("data", "fsdp", "tensor")
 
 
 def resolve_rules(strategy: str, overrides) -> tuple:
@@ -46,8 +46,8 @@ def resolve_rules(strategy: str, overrides) -> tuple:
     name, axes = entry
     axes = tuple(axes) if isinstance(axes, list) else axes
     for axis in (axes,) if isinstance(axes, str) else axes or ():
-      if axis not in MESH_AXES:
-        raise UserError(f"sharding.rules: {name!r} -> {axis!r} is not a mesh axis {MESH_AXES}")
+      if axis not in mesh_lib.AXES:
+        raise UserError(f"sharding.rules: {name!r} -> {axis!r} is not a mesh axis {mesh_lib.AXES}")
     table[name] = axes
   return tuple(table.items())
 
