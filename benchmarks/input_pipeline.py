@@ -77,12 +77,17 @@ def main():
     train(config, workdir)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f][1:]
-  wait = sum(r["data_wait_s"] for r in rows) / sum(r["step_time_s"] for r in rows)
+    with open(os.path.join(workdir, "processes", "process_0.jsonl")) as f:
+      windows = [r for r in map(json.loads, f) if "batch_fetch_s" in r][1:]
+  step_time = sum(r["step_time_s"] for r in rows)
+  wait = sum(r["data_wait_s"] for r in rows) / step_time
+  fetch = sum(w["batch_fetch_s"] / w["steps"] for w in windows) / step_time
 
   print(f"devices: {device_label()}; config {args.config}; global batch {b} x {config.data.seq_len}")
   print(f"input pipeline: {pipeline_bps:8.1f} batches/s")
   print(f"train step:     {step_bps:8.1f} batches/s   (pipeline / step = {pipeline_bps / step_bps:.1f}x)")
   print(f"training loop:  data wait = {100 * wait:.2f}% of step time over steps 21..{args.steps} (goal < 1%)")
+  print(f"                taking the batch, GIL contention included = {100 * fetch:.2f}% of step time")
 
 
 if __name__ == "__main__":

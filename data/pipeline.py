@@ -11,6 +11,7 @@ import dataclasses
 import math
 import queue
 import threading
+import time
 
 import grain
 import jax
@@ -153,6 +154,7 @@ class DevicePrefetch:
 
   def __init__(self, batches, sharding, global_batch_size: int, depth: int = 2):
     self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+    self.last_starved_s = 0.0  # How long the last __next__ waited for a batch that was not ready.
     self._closed = threading.Event()
     args = (batches, sharding, global_batch_size)
     self._thread = threading.Thread(target=self._fill, args=args, daemon=True, name="device_prefetch")
@@ -178,7 +180,13 @@ class DevicePrefetch:
     return self
 
   def __next__(self):
-    item = self._queue.get()
+    try:
+      item = self._queue.get_nowait()
+      self.last_starved_s = 0.0
+    except queue.Empty:  # The pipeline fell behind: this wait is the input stall.
+      t0 = time.perf_counter()
+      item = self._queue.get()
+      self.last_starved_s = time.perf_counter() - t0
     if item is self._END:
       raise StopIteration
     if isinstance(item, BaseException):

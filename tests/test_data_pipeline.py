@@ -168,3 +168,24 @@ def test_data_prepare_output_trains(corpus, tmp_path):
   summary = train(cfg, str(tmp_path))
   assert summary["final_step"] == 3 and np.isfinite(summary["final_loss"]) and summary["loss_floor"] is None
   assert os.path.isdir(tmp_path / "checkpoints" / "3")
+
+
+def test_device_prefetch_reports_a_stall_only_when_the_batch_was_not_ready():
+  import time
+
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+
+  def batches(delay):
+    for t in range(3):
+      time.sleep(delay)
+      yield t, {"x": np.full((8, 2), t, np.float32)}
+
+  slow = pipeline.DevicePrefetch(batches(0.2), sharding, 8, depth=1)
+  assert [next(slow)[0] for _ in range(3)] == [0, 1, 2] and slow.last_starved_s > 0.1
+  fast = pipeline.DevicePrefetch(batches(0.0), sharding, 8, depth=2)
+  time.sleep(0.3)  # Both slots fill while "the step" runs.
+  t, _, batch = next(fast)
+  assert t == 0 and fast.last_starved_s == 0.0 and batch["x"].sharding == sharding
+  fast.close()
+  slow.close()

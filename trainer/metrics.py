@@ -86,12 +86,15 @@ class Window:
 
   def __init__(self):
     self.start = time.time()
-    self.steps, self.data_wait, self.dispatch, self.checkpoint = 0, 0.0, 0.0, 0.0
+    self.steps, self.data_wait, self.fetch, self.dispatch, self.checkpoint = 0, 0.0, 0.0, 0.0, 0.0
     self._tokens, self._finite = [], []
 
-  def add_step(self, step: int, data_wait_s: float, dispatch_s: float, metrics: dict) -> None:
+  def add_step(self, step: int, data_wait_s: float, fetch_s: float, dispatch_s: float, metrics: dict) -> None:
+    """data_wait_s: blocked because the next batch was not ready (an input stall); fetch_s: all the
+    time taking it, including waiting for the GIL behind other host threads."""
     self.steps += 1
     self.data_wait += data_wait_s
+    self.fetch += fetch_s
     self.dispatch += dispatch_s
     self._tokens.append(metrics["valid_tokens"])
     self._finite.append((step, metrics["finite"]))
@@ -123,6 +126,7 @@ class Window:
       "process": jax.process_index(),
       "steps": self.steps,
       "data_wait_s": self.data_wait,
+      "batch_fetch_s": self.fetch,
       "dispatch_s": self.dispatch,
       "device_wait_s": device_wait_s,
       "checkpoint_block_s": self.checkpoint,

@@ -107,7 +107,9 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
       t1 = time.time()
       state, metrics = train_step(state, batch)
       step += 1
-      window.add_step(step, data_wait_s=t1 - t0, dispatch_s=time.time() - t1, metrics=metrics)
+      window.add_step(
+        step, batches.last_starved_s, fetch_s=t1 - t0, dispatch_s=time.time() - t1, metrics=metrics
+      )
       ckpt.poll()  # A background save's error surfaces here, at the next step.
 
       # Same decisions on every process: the step count and the agreed preemption step.
