@@ -96,6 +96,8 @@ def main(argv):
     run(_CONFIG.value, _WORKDIR.value, _MODE.value)
   except UserError as e:
     _fail(str(e))
+  except OSError as e:  # An unwritable or misplaced --workdir, a missing data file.
+    _fail(f"{e.filename or ''}: {e.strerror or e}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import grain
 import jax
 import numpy as np
 
+from trainer.errors import UserError
+
 PAD = -1  # Record id of a padding row.
 
 
@@ -68,7 +70,10 @@ def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int) -> tup
   for a, b in zip(starts, stops, strict=True):
     covered[a:b] = True
   if not covered[lo:hi].all():
-    raise ValueError("this process's batch rows are not contiguous; reorder the mesh devices")
+    raise UserError(
+      "this process's rows of the batch are not contiguous: order the mesh so that each process's "
+      "devices are adjacent along the batch axes (mesh.dcn_* for several hosts)"
+    )
   return lo, hi
 
 
@@ -163,18 +168,21 @@ class DevicePrefetch:
   def _fill(self, batches, sharding, global_batch_size):
     try:
       for t, local in batches:
-        item = (t, local, to_global(local, sharding, global_batch_size))
-        while not self._closed.is_set():
-          try:
-            self._queue.put(item, timeout=0.1)
-            break
-          except queue.Full:
-            continue
-        if self._closed.is_set():
+        if not self._put((t, local, to_global(local, sharding, global_batch_size))):
           return
-      self._queue.put(self._END)
+      self._put(self._END)
     except BaseException as e:  # Re-raised in the training loop, not lost in this thread.
-      self._queue.put(e)
+      self._put(e)
+
+  def _put(self, item) -> bool:
+    """Waits for room, unless the loop has closed us (then the thread ends instead of blocking)."""
+    while not self._closed.is_set():
+      try:
+        self._queue.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        continue
+    return False
 
   def __iter__(self):
     return self

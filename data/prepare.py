@@ -72,7 +72,13 @@ class SentencePieceTokenizer:
         f"--tokenizer={path} defines no eos id; train it with an eos piece or use --tokenizer=byte"
       )
     pad = int(self._sp.pad_id())
-    self.pad_id = pad if pad >= 0 else self.eos_id  # Padding is located by metadata, not by its id.
+    if pad < 0 or pad == self.eos_id:
+      # The trainer masks targets equal to pad_id: a pad shared with eos would hide every document end.
+      raise UserError(
+        f"--tokenizer={path} defines no pad id distinct from eos; train it with --pad_id=N "
+        "(spm_train) or use --tokenizer=byte"
+      )
+    self.pad_id = pad
 
   def encode(self, document: bytes, source: str) -> np.ndarray:
     try:

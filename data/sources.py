@@ -41,7 +41,10 @@ def make_sources(config) -> DataSources:
     arrayrecord.check_compatible(metadata, d.seq_len, config.model.vocab_size)
     return DataSources(
       train=arrayrecord.ArrayRecordSource(d.path, "train", d.seq_len),
-      eval=arrayrecord.ArrayRecordSource(d.path, "eval", d.seq_len),
+      # An empty held-out split is allowed; components.build refuses it only when eval_steps > 0.
+      eval=arrayrecord.ArrayRecordSource(d.path, "eval", d.seq_len)
+      if metadata["num_records"]["eval"]
+      else (),
       loss_floor=None,
       fingerprint=metadata["fingerprint"],
       pad_id=metadata["pad_id"],

@@ -78,28 +78,30 @@ def test_model_shape_change_names_the_parameter_and_both_shapes(tmp_path):
     train(_cfg(**{"model.mlp_dim": 96}), str(tmp_path))
 
 
-@pytest.fixture
-def nan_on_batch(monkeypatch):
-  """Makes the loss NaN on global batch 4 of the tiny config, recognised by its first tokens."""
-  from data import pipeline
+def _poison(monkeypatch, batches):
+  """Makes the loss NaN on the given global batches of the tiny config, recognised by their tokens."""
   from trainer import components
 
   cfg = _cfg()
   comp = components.build(cfg)
-  marker = jnp.asarray(components.local_batches(comp, cfg)(4)["inputs"][0])
-  assert pipeline is not None
+  markers = jnp.stack([components.local_batches(comp, cfg)(t)["inputs"][0] for t in batches])
   real = lm.loss_sums
 
   def poisoned(model, batch):
     loss_sum, count, metrics = real(model, batch)
-    hit = jnp.all(batch["inputs"][0] == marker)
+    hit = jnp.any(jnp.all(batch["inputs"][0][None] == markers, axis=1))
     return jnp.where(hit, jnp.nan, loss_sum), count, metrics
 
   monkeypatch.setattr(lm, "loss_sums", poisoned)
 
 
+@pytest.fixture
+def nan_on_batch(monkeypatch):
+  _poison(monkeypatch, [4])
+
+
 def test_nan_stops_with_an_error_naming_the_step_and_never_saves_it(tmp_path, nan_on_batch):
-  with pytest.raises(UserError, match=r"NaN/Inf at step 5 \(window 5\.\.5\)"):
+  with pytest.raises(UserError, match=r"NaN/Inf at step 5 \(window 5\.\.5;"):
     train(_cfg(), str(tmp_path))
   assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == ["2", "4"]
 
@@ -116,3 +118,20 @@ def test_nan_rollback_restores_the_last_good_checkpoint_and_skips_the_batches(tm
   assert all(np.isfinite(r["loss"]) for r in trained)
   with open(os.path.join(tmp_path, "checkpoints", str(STEPS), "data", "metadata")) as f:
     assert json.load(f)["batch_offset"] == 1
+
+
+def test_two_rollbacks_between_saves_skip_both_windows(tmp_path, monkeypatch):
+  _poison(monkeypatch, [4, 6])
+  cfg = _cfg(**{"checkpoint.on_nonfinite": "rollback", "checkpoint.every": 4})
+  summary = train(cfg, str(tmp_path))
+  assert summary["final_step"] == STEPS and summary["nonfinite_rollbacks"] == 2
+  rows = read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))
+  assert [r["skipped_batches"] for r in rows if r.get("event")] == [[4, 4], [5, 6]]
+  assert [r["batch"] for r in rows if "loss" in r] == [0, 1, 2, 3, 7, 8, 9, 10]
+
+
+def test_a_smaller_model_names_the_parameter_the_checkpoint_has_extra(tmp_path):
+  train(_cfg(**{"model.num_layers": 2}), str(tmp_path), stop_after=2)
+  with pytest.raises(UserError, match=r"checkpoint 2 has a parameter blocks/1/\S+ \(the model has none"):
+    train(_cfg(), str(tmp_path))
+  assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == ["2"]  # Nothing set aside.

@@ -25,6 +25,9 @@ def _assert_one_error_line(result, *fragments):
     (["--config.global_batch_size=30"], ["global_batch_size=30", "data-parallel size 4"]),
     (["--config.experiment=nope"], ["experiments/nope.py"]),
     (["--config.sharding.rules=(('batch','dat'),)"], []),
+    (["--config.log_every=0"], ["log_every=0"]),
+    (["--config.eval_steps=0"], ["eval_steps=0", "eval_every > 0"]),
+    (["--config.mesh.dcn_data=2", "--config.mesh.data=1"], ["number of processes"]),
   ],
 )
 def test_bad_input_gives_one_error_line(tmp_path, args, fragments):
@@ -39,6 +42,11 @@ def test_a_config_file_setting_an_unknown_key_is_an_error(tmp_path):
   )
   result = run_main(f"--config={config}", f"--workdir={tmp_path}")
   _assert_one_error_line(result, "unknown config key 'stpes'", "did you mean 'steps'")
+
+
+def test_a_workdir_that_is_a_file_is_an_error(tmp_path):
+  (tmp_path / "file").write_text("")
+  _assert_one_error_line(run_main(SMOKE, f"--workdir={tmp_path / 'file'}", "--cpu_devices=8"), "file")
 
 
 def test_missing_workdir_is_an_error():

@@ -15,6 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from trainer import multihost
 from trainer.errors import UserError
 from trainer.state import TrainState
 
@@ -143,20 +144,28 @@ class Checkpoints:
     self._records: list[dict] = []  # Finished saves' timings, for processes/process_I.jsonl.
     self._pending: tuple[int, float, float] | None = None  # (step, started, blocking seconds)
 
-  def restore_latest(self, target: TrainState) -> tuple[TrainState, dict, int] | None:
+  def restore_latest(self, target: TrainState, set_aside: bool = True) -> tuple[TrainState, dict, int] | None:
     """The newest checkpoint that restores, onto `target`'s shardings (any mesh or device count).
-    A damaged one is reported, moved aside and skipped; a model-shape change is a UserError."""
+
+    A damaged one is reported, skipped and (with `set_aside`) moved aside; every process makes the
+    same choice. A model-shape change is a UserError; running out of memory is not damage.
+    """
     for step in sorted(self.manager.all_steps(), reverse=True):
       self._check_shapes(step, target)
+      restored, error = None, None
       try:
         restored = self.manager.restore(
           step,
           args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
         )
-      except Exception as e:  # noqa: BLE001 - any failure to read means this checkpoint is unusable.
-        self._set_aside(step, e)
-        continue
-      return restored["state"], restored["data"], step
+      except MemoryError:
+        raise
+      except Exception as e:  # noqa: BLE001 - any other failure to read: this checkpoint is unusable.
+        error = e
+      # Each process reads its own shards: all fall back together if any one failed.
+      if multihost.all_agree(f"restore_{step}", error is None, timeout_s=600):
+        return restored["state"], restored["data"], step
+      self._skip(step, error, set_aside)
     return None
 
   def _check_shapes(self, step: int, target: TrainState) -> None:
@@ -165,28 +174,37 @@ class Checkpoints:
     except Exception:  # noqa: BLE001 - unreadable metadata: restore fails and falls back.
       return
     wanted = _paths_and_shapes(target)
-    for path, shape in wanted.items():
-      if path.startswith("params/") and path in saved and saved[path] != shape:
+    params = lambda paths: {p[len("params/") :] for p in paths if p.startswith("params/")}
+    for name in sorted(params(wanted) & params(saved)):
+      if saved["params/" + name] != wanted["params/" + name]:
         raise UserError(
-          f"checkpoint {step}: parameter {path[len('params/') :]} has shape {saved[path]} but the model "
-          f"now has {shape}; restore the model config or use a new --workdir"
+          f"checkpoint {step}: parameter {name} has shape {saved['params/' + name]} but the model "
+          f"now has {wanted['params/' + name]}; restore the model config or use a new --workdir"
         )
-    missing = sorted(p for p in wanted if p.startswith("params/") and saved and p not in saved)
-    if missing:
-      raise UserError(
-        f"checkpoint {step} has no parameter {missing[0][len('params/') :]}; use a new --workdir"
-      )
+    for what, names in (
+      ("has no parameter", params(wanted) - params(saved)),
+      ("has a parameter", params(saved) - params(wanted)),
+    ):
+      if saved and names:
+        hint = "the model has none by that name" if what == "has a parameter" else "the model needs it"
+        raise UserError(
+          f"checkpoint {step} {what} {min(names)} ({hint}); restore the model config or use a new --workdir"
+        )
 
-  def _set_aside(self, step: int, error: Exception) -> None:
-    message = f"checkpoint {step} is damaged and was skipped ({type(error).__name__}: {str(error)[:200]})"
+  def _skip(self, step: int, error: Exception | None, set_aside: bool) -> None:
+    detail = f"{type(error).__name__}: {str(error)[:200]}" if error else "another process could not read it"
+    message = f"checkpoint {step} is damaged and was skipped ({detail})"
     logging.warning(message)
     print(f"warning: {message}", flush=True)
-    if jax.process_index() == 0:
-      os.replace(
-        os.path.join(self.directory, str(step)),
-        os.path.join(self.directory, f"damaged-{step}-{int(time.time())}"),
-      )
-    self.manager.reload()
+    if set_aside:
+      multihost.barrier(f"set_aside_{step}", timeout_s=600)  # Nobody is still reading it.
+      if jax.process_index() == 0:
+        os.replace(
+          os.path.join(self.directory, str(step)),
+          os.path.join(self.directory, f"damaged-{step}-{int(time.time())}"),
+        )
+      multihost.barrier(f"set_aside_{step}_done", timeout_s=600)
+      self.manager.reload()
 
   def save(self, step: int, state: TrainState, position: dict, config, meta: dict) -> None:
     """Starts an async save; blocks only for the device-to-host copy (timed)."""

@@ -51,8 +51,21 @@ def load_experiment(name: str) -> ModuleType:
 def build(config, devices=None) -> Components:
   if config.steps < 1:
     raise UserError(f"steps={config.steps}: must be at least 1")
-  if config.microbatches < 1:
-    raise UserError(f"microbatches={config.microbatches}: must be at least 1")
+  at_least = {
+    "microbatches": (config.microbatches, 1),
+    "log_every": (config.log_every, 1),
+    "checkpoint.every": (config.checkpoint.every, 1),
+    "checkpoint.keep": (config.checkpoint.keep, 1),
+    "eval_every": (config.eval_every, 0),
+    "eval_steps": (config.eval_steps, 1 if config.eval_every else 0),
+    "model.num_heads": (config.model.num_heads, 1),
+    "model.num_layers": (config.model.num_layers, 1),
+    "data.seq_len": (config.data.seq_len, 1),
+  }
+  for key, (value, low) in at_least.items():
+    if value < low:
+      why = " when eval_every > 0" if key == "eval_steps" else ""
+      raise UserError(f"{key}={value}: must be at least {low}{why}")
   mesh = mesh_lib.make_mesh(config.mesh, devices)
   rules = sharding_lib.resolve_rules(config.sharding.strategy, config.sharding.rules)
   dp = math.prod(mesh.shape[a] for a in sharding_lib.batch_axes(rules))

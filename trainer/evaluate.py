@@ -32,7 +32,9 @@ def evaluate_checkpoint(config, workdir: str) -> dict:
   """Restores the newest checkpoint of `workdir` onto this mesh and evaluates it; writes eval.json."""
   comp = components.build(config)
   ckpt = checkpointing.Checkpoints(workdir, config.checkpoint.keep, config.checkpoint.keep_every)
-  restored = ckpt.restore_latest(state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx))
+  restored = ckpt.restore_latest(
+    state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx), set_aside=False
+  )
   ckpt.close()
   if restored is None:
     raise UserError(f"--mode=eval: {workdir}/checkpoints has no checkpoint; train first")

@@ -47,6 +47,11 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
   shape = resolve_shape(mesh_cfg, len(devices))
   dcn = (mesh_cfg.dcn_data, mesh_cfg.dcn_fsdp, 1)
   if math.prod(dcn) > 1 and len(devices) > 1:
+    if math.prod(dcn) != jax.process_count():
+      raise UserError(
+        f"mesh.dcn_data * mesh.dcn_fsdp = {math.prod(dcn)} must equal the number of processes "
+        f"({jax.process_count()}): the outer axes span hosts"
+      )
     # Across-host axes outermost, so FSDP/tensor collectives stay on the fast within-host links.
     ici = tuple(s // d for s, d in zip(shape, dcn, strict=True))
     grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True)

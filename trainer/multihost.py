@@ -1,6 +1,7 @@
 """Agreement and barriers between processes through JAX's coordination service (never an all-gather
 on the devices): both have timeouts, so a missing process ends the job with a message, not a hang."""
 
+import itertools
 import json
 
 import jax
@@ -14,14 +15,30 @@ def client():
   return distributed.global_state.client if jax.process_count() > 1 else None
 
 
+# Barrier and key names must be unique within a job; every process makes the same calls in the same
+# order (invariant 6), so a shared counter suffix keeps them unique and equal across processes.
+_sequence = itertools.count()
+
+
 def barrier(name: str, timeout_s: float) -> None:
   c = client()
   if c is None:
     return
   try:
-    c.wait_at_barrier(name, int(timeout_s * 1000))
+    c.wait_at_barrier(f"{name}#{next(_sequence)}", int(timeout_s * 1000))
   except Exception as e:  # noqa: BLE001 - the service reports a timeout as a runtime error.
     raise UserError(f"barrier {name!r}: not every process arrived within {timeout_s:.0f} s ({e})") from None
+
+
+def all_agree(name: str, ok: bool, timeout_s: float) -> bool:
+  """True on every process if `ok` is True on every process (through the key-value store)."""
+  c = client()
+  if c is None:
+    return ok
+  key = f"{name}#{next(_sequence)}"
+  c.key_value_set(f"{key}/{jax.process_index()}", "1" if ok else "0")
+  barrier(key, timeout_s)
+  return all(c.key_value_try_get(f"{key}/{p}") == "1" for p in range(jax.process_count()))
 
 
 def _flatten(tree, prefix=""):

@@ -67,6 +67,15 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
 
   state, batch_offset = restore_or_init()
   start = int(state.step)
+  last_step = config.steps if stop_after is None else min(stop_after, config.steps)
+  if start >= last_step:  # Nothing to train: leave the run's outputs as they are.
+    ckpt.close()
+    console(f"already trained to step {start} (config.steps={config.steps}); nothing to do")
+    path = os.path.join(workdir, "summary.json")
+    if not os.path.exists(path):
+      return {"final_step": start}
+    with open(path) as f:
+      return json.load(f)
   if start:
     console(f"resumed from checkpoint {start}")
   console(f"params: {state_lib.param_count(state.params):,}; steps {start} -> {config.steps}")
@@ -83,7 +92,6 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
 
   # --- The loop. Batches are prepared ahead by Grain threads and copied to the devices ahead.
   log = MetricsLog(workdir, resume_step=start)
-  last_step = config.steps if stop_after is None else min(stop_after, config.steps)
 
   def open_batches(step):
     first = step + batch_offset  # Global batch t trains step t - batch_offset + 1.
@@ -100,10 +108,12 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
     while step < last_step:
       watchdog.beat("step", step + 1)
       t0 = time.time()
-      t, _, batch = next(batches)
+      t, local, batch = next(batches)
       assert t == step + batch_offset, (t, step, batch_offset)  # The data position is the step.
-      if comp.plan.valid_rows(t) == 0:
-        raise UserError(f"global batch {t} has no valid examples; refusing an empty step")
+      # A globally empty batch never reaches the devices. Rows are known globally from the plan; tokens
+      # are known here only for this process's rows (with several processes, 0/0 shows as NaN below).
+      if comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
+        raise UserError(f"global batch {t} has no valid examples or tokens; refusing an empty step")
       t1 = time.time()
       state, metrics = train_step(state, batch)
       step += 1
@@ -121,16 +131,18 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
         lo = step - window.steps + 1
         if config.checkpoint.on_nonfinite != "rollback" or rollbacks >= config.checkpoint.max_rollbacks:
           raise UserError(
-            f"loss or gradient norm is NaN/Inf at step {bad} (window {lo}..{step}); lower "
-            f"optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback to skip the batches"
+            f"loss or gradient norm is NaN/Inf at step {bad} (window {lo}..{step}; or its batch had no "
+            f"valid tokens); lower optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback"
           )
         rollbacks += 1
         batches.close()
         ckpt.wait()
         old_offset = batch_offset
-        state, batch_offset = restore_or_init()
+        state, _ = restore_or_init()
         good = int(state.step)
-        batch_offset += bad - good  # Skip the batches of steps good+1..bad.
+        # Steps good+1..bad trained batches good+old_offset..bad-1+old_offset: skip them. The offset
+        # builds on the current one, not the checkpoint's, so earlier skips since that save stay skipped.
+        batch_offset = old_offset + bad - good
         log.truncate(good)
         event = {"step": good, "time": time.time(), "event": "nonfinite_rollback", "nonfinite_step": bad}
         log.write({**event, "skipped_batches": [good + old_offset, bad - 1 + old_offset]})
@@ -150,18 +162,18 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
         console(progress_line(step, config.steps, row["loss"], row["tokens_per_s"], eta))
         last, tokens_seen, window = row, tokens_seen + window.tokens, Window()
 
-      if config.eval_every and step % config.eval_every == 0 and step != config.steps:
-        watchdog.beat("eval", step)
-        eval_row = evaluate(comp, eval_step, state.params, config)
-        log.write({"step": step, "time": time.time(), **eval_row})
-        console(f"step {step}/{config.steps}  eval_loss {eval_row['eval_loss']:.4f}")
-
       if save_now:
         watchdog.beat("checkpoint", step)
         t3 = time.time()
         position = checkpointing.data_position(step, batch_offset, comp)
         ckpt.save(step, state, position, config, meta)  # Async: the write goes on in the background.
         window.checkpoint += time.time() - t3
+
+      if config.eval_every and step % config.eval_every == 0 and step != config.steps:
+        watchdog.beat("eval", step)
+        eval_row = evaluate(comp, eval_step, state.params, config)
+        log.write({"step": step, "time": time.time(), **eval_row})
+        console(f"step {step}/{config.steps}  eval_loss {eval_row['eval_loss']:.4f}")
 
       if stop:
         break
