@@ -274,9 +274,9 @@ def test_a_failing_process_ends_the_job(tmp_path):
   )
   try:
     out, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 1, out + err
-    assert "[p1] IsADirectoryError" in err
-    assert "[launch] process 1 exited with code 1" in err, err
+    assert launcher.returncode == 2, out + err  # main.py's `error:` exit.
+    assert "[p1] error: " in err and "process_1.jsonl: Is a directory" in err, err
+    assert "[launch] process 1 exited with code 2" in err, err
     assert time.monotonic() - t0 < 90
     assert _processes_mentioning(str(tmp_path)) == []  # Checked before any clean-up of ours.
   finally:
