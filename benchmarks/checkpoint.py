@@ -51,13 +51,7 @@ def main():
       section, leaf = key.split(".")
       config[section][leaf] = value
     comp = components.build(config)
-    state = state_lib.init_state(
-      lambda rngs, c=config, e=comp.experiment: e.build_model(c, rngs),
-      comp.mdef,
-      comp.tx,
-      comp.shardings,
-      config.seed,
-    )
+    state = components.init_state(comp, config)
     jax.block_until_ready(state)
     nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
     params = state_lib.param_count(state.params)

@@ -35,7 +35,6 @@ def main():
   logging.set_verbosity(logging.WARNING)
   from data import pipeline
   from trainer import components
-  from trainer import state as state_lib
   from trainer.metrics import device_label
   from trainer.step import make_train_step
   from trainer.train import train
@@ -55,9 +54,7 @@ def main():
   pipeline_bps = n / (time.perf_counter() - t0)
 
   # 2. The train step alone on one fixed batch.
-  state = state_lib.init_state(
-    lambda rngs: comp.experiment.build_model(config, rngs), comp.mdef, comp.tx, comp.shardings, config.seed
-  )
+  state = components.init_state(comp, config)
   batch = pipeline.to_global(local(0), comp.batch_sharding, b)
   step = make_train_step(comp, config.microbatches)
   with jax.set_mesh(comp.mesh):

@@ -54,13 +54,7 @@ def main():
       (1, n // tensor, tensor) if "fsdp" in args.strategy else (n, 1, 1)
     )
     comp = components.build(config, jax.devices()[:n])
-    state = state_lib.init_state(
-      lambda rngs, c=config, e=comp.experiment: e.build_model(c, rngs),
-      comp.mdef,
-      comp.tx,
-      comp.shardings,
-      config.seed,
-    )
+    state = components.init_state(comp, config)
     local = components.local_batches(comp, config)
     batch = pipeline.to_global(local(0), comp.batch_sharding, config.global_batch_size)
     with jax.set_mesh(comp.mesh):

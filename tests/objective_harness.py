@@ -4,16 +4,13 @@ import jax
 
 from data import pipeline
 from trainer import components
-from trainer import state as state_lib
 from trainer.step import make_train_step
 
 
 def run_steps(config, devices, steps: int, init_params=None):
   """Returns (theta_0, [per-step metrics incl. grads], final state) on a mesh over `devices`."""
   comp = components.build(config, devices)
-  state = state_lib.init_state(
-    lambda rngs: comp.experiment.build_model(config, rngs), comp.mdef, comp.tx, comp.shardings, config.seed
-  )
+  state = components.init_state(comp, config)
   theta0 = jax.device_get(state.params)
   step = make_train_step(comp, config.microbatches, with_grads=True)
   b = config.global_batch_size

@@ -9,7 +9,6 @@ import pytest
 
 from tests.conftest import tiny_config
 from trainer import components
-from trainer import state as state_lib
 
 # The placement each strategy promises, written out independently of trainer/sharding.py.
 WEIGHT_AXES = {
@@ -56,9 +55,7 @@ def test_every_leaf_lives_where_the_rules_say(strategy, mesh_shape):
     **{"sharding.strategy": strategy, "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor}
   )
   comp = components.build(cfg)
-  state = state_lib.init_state(
-    lambda rngs: comp.experiment.build_model(cfg, rngs), comp.mdef, comp.tx, comp.shardings, cfg.seed
-  )
+  state = components.init_state(comp, cfg)
   mesh, table = comp.mesh, WEIGHT_AXES[strategy]
   names = jax.tree.leaves(
     comp.mdef.logical_specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)

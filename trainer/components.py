@@ -105,6 +105,12 @@ def build(config, devices=None) -> Components:
   )
 
 
+def init_state(comp: Components, config) -> state_lib.TrainState:
+  """A fresh train state from config.seed, initialized directly into comp's shardings."""
+  build = lambda rngs: comp.experiment.build_model(config, rngs)
+  return state_lib.init_state(build, comp.mdef, comp.tx, comp.shardings, config.seed)
+
+
 def local_batches(comp: Components, config, split: str = "train") -> pipeline.LocalBatches:
   """This process's rows of the train (or held-out) global batches, with padding and packing."""
   rows = pipeline.process_rows(comp.batch_sharding, comp.plan.global_batch_size)

@@ -47,9 +47,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json(indent=2))
-  init = lambda: state_lib.init_state(
-    lambda rngs: comp.experiment.build_model(config, rngs), comp.mdef, comp.tx, comp.shardings, config.seed
-  )
+  init = lambda: components.init_state(comp, config)
 
   # --- State: the newest checkpoint that restores (onto this mesh), else a fresh sharded init.
   c = config.checkpoint

@@ -17,7 +17,6 @@ import numpy as np
 
 from data import pipeline
 from trainer import components
-from trainer import state as state_lib
 from trainer.errors import UserError
 from trainer.metrics import console, device_label
 from trainer.step import make_train_step
@@ -64,13 +63,7 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   single = components.build(config, devices=jax.devices()[:1])
   b = config.global_batch_size
 
-  state = state_lib.init_state(
-    lambda rngs: sharded.experiment.build_model(config, rngs),
-    sharded.mdef,
-    sharded.tx,
-    sharded.shardings,
-    config.seed,
-  )
+  state = components.init_state(sharded, config)
   # Through the host: two independent copies of one initial state (each step donates its input).
   ref = jax.device_put(jax.device_get(state), single.shardings)
   theta0 = jax.device_get(state.params)
