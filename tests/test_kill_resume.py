@@ -41,8 +41,17 @@ def _start(workdir, pause_in_save_s=None):
 
 
 def _rows(workdir):
+  """Train rows; the file may be mid-rewrite (a resume truncates it) or end in a torn line."""
   path = os.path.join(workdir, "metrics.jsonl")
-  return [r for r in read_jsonl(path) if "loss" in r] if os.path.exists(path) else []
+  try:
+    return [r for r in read_jsonl(path) if "loss" in r]
+  except (OSError, ValueError):
+    return []
+
+
+def _last_step(workdir):
+  rows = _rows(workdir)
+  return rows[-1]["step"] if rows else 0
 
 
 def _wait_until(predicate, proc, timeout=120):
@@ -97,7 +106,7 @@ def test_sigkill_at_five_moments_resumes_exactly(tmp_path, straight):
       if moment == "mid-save":  # Deterministic: the save holds its temporary directory open.
         _wait_until(lambda: _saving(workdir), proc)
       else:
-        _wait_until(lambda m=moment: len(_rows(workdir)) and _rows(workdir)[-1]["step"] >= m, proc)
+        _wait_until(lambda m=moment: _last_step(workdir) >= m, proc)
       proc.send_signal(signal.SIGKILL)
     finally:
       out = _finish(proc)

@@ -29,3 +29,14 @@ def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
     train(changed, str(tmp_path))
   changed.data.allow_changed_data = True
   assert train(changed, str(tmp_path))["final_step"] == 4
+
+
+def test_a_metrics_line_torn_by_a_kill_is_dropped_on_resume(tmp_path):
+  import os
+
+  config = tiny_config(steps=4)
+  train(config, str(tmp_path), stop_after=2)
+  with open(os.path.join(tmp_path, "metrics.jsonl"), "a") as f:
+    f.write('{"step": 3, "loss": 1.2')  # A kill in the middle of writing step 3's row.
+  train(config, str(tmp_path))
+  assert sorted(train_losses(str(tmp_path))) == [1, 2, 3, 4]

@@ -25,13 +25,22 @@ def _jsonable(v):
 
 
 def truncate_jsonl(path: str, after_step: int) -> None:
-  """Drops rows past `after_step`: they came from steps a resumed run will train again."""
+  """Drops rows past `after_step` (a resumed run trains those steps again) and a line torn by a kill
+  mid-write. Atomic: a kill during the rewrite leaves the old file, never a shorter one."""
   if not os.path.exists(path):
     return
+  rows = []
   with open(path) as f:
-    rows = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= after_step]
-  with open(path, "w") as f:
+    for line in f:
+      try:
+        row = json.loads(line)
+      except ValueError:
+        continue
+      if row.get("step", 0) <= after_step:
+        rows.append(json.dumps(row) + "\n")
+  with open(path + ".tmp", "w") as f:
     f.writelines(rows)
+  os.replace(path + ".tmp", path)
 
 
 class MetricsLog:
@@ -53,10 +62,15 @@ class MetricsLog:
 
   def truncate(self, after_step: int) -> None:
     """Forgets rows past `after_step` (a rollback trains those steps again)."""
-    for f in (self._process, self._metrics):
-      if f is not None:
-        f.flush()
-        truncate_jsonl(f.name, after_step)
+    self._process = self._reopen(self._process, after_step)
+    if self.is_main:
+      self._metrics = self._reopen(self._metrics, after_step)
+
+  @staticmethod
+  def _reopen(f, after_step: int):
+    f.close()  # The rewrite replaces the file: appends must go to the new one.
+    truncate_jsonl(f.name, after_step)
+    return open(f.name, "a")
 
   def write(self, row: dict) -> None:
     """One metrics row (process 0 writes; the others ignore it)."""
