@@ -40,6 +40,27 @@ def _env(name: str, value: str | None = None, field: str | None = None) -> dict:
   return {"name": name, "value": value}
 
 
+def _main_container(o, env: list[dict], mounts: list[dict], **fields) -> dict:
+  """The container that runs main.py: `env` first, then what every variant sets (unbuffered output,
+  the preempted exit code, the user's --env), then `fields` (ports, resources) and the mounts."""
+  return {
+    "name": CONTAINER,
+    "image": o.image,
+    "workingDir": o.working_dir,
+    "command": ["python", "main.py"],
+    "args": o.args,
+    "env": [
+      *env,
+      _env("PYTHONUNBUFFERED", "1"),  # Lines reach `kubectl logs` as they are printed.
+      # A preempted run exits with this, so that its Job fails (and restarts) instead of completing.
+      _env("PREEMPTED_EXIT_CODE", str(PREEMPTED_EXIT_CODE)),
+      *(_env(k, v) for k, v in o.env.items()),
+    ],
+    **fields,
+    "volumeMounts": mounts,
+  }
+
+
 def _check_dns_label(what: str, value: str) -> None:
   if not isinstance(value, str) or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63:
     raise RenderError(

@@ -20,11 +20,11 @@ from types import SimpleNamespace
 from launch.k8s.common import (
   CONTAINER,
   JOBSET_API,
-  PREEMPTED_EXIT_CODE,
   WORKER_JOB,
   RenderError,
   _check_hostname,
   _env,
+  _main_container,
   _user_error_policies,
   _volumes,
 )
@@ -115,24 +115,17 @@ def _pathways_objects(o: SimpleNamespace) -> list[dict]:
     "ports": [{"containerPort": PATHWAYS_PROXY_PORT}],
     "resources": {"limits": {"cpu": "16", "memory": "100G"}},  # UNVERIFIED sizes, from pathways-job.
   }
-  trainer = {
-    "name": CONTAINER,
-    "image": o.image,
-    "workingDir": o.working_dir,
-    "command": ["python", "main.py"],
-    "args": o.args,
-    "env": [
+  trainer = _main_container(
+    o,
+    [
       head_address(),
       # The JAX client talks to the proxy; trainer/pathways.py and pathwaysutils key on "proxy".
       _env("JAX_PLATFORMS", "proxy"),
       _env("JAX_BACKEND_TARGET", f"grpc://$(PATHWAYS_HEAD):{PATHWAYS_PROXY_PORT}"),
       _env("XCLOUD_ENVIRONMENT", "GCP"),  # UNVERIFIED: set by pathways-job for the client.
-      _env("PYTHONUNBUFFERED", "1"),
-      _env("PREEMPTED_EXIT_CODE", str(PREEMPTED_EXIT_CODE)),  # The head Job must fail, not complete.
-      *(_env(k, v) for k, v in o.env.items()),
     ],
-    "volumeMounts": mounts,
-  }
+    mounts,
+  )
   head_pod = {
     "restartPolicy": "Never",
     "terminationGracePeriodSeconds": o.termination_grace_s,

@@ -50,6 +50,7 @@ from launch.k8s.common import (  # noqa: E402, F401
   _check_hostname,
   _check_inputs,
   _env,
+  _main_container,
   _user_error_policies,
   _volumes,
 )
@@ -76,26 +77,19 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
   _check_hostname(o.name, WORKER_JOB, 1, o.replicas)
   coordinator = f"{o.name}-{WORKER_JOB}-0-0.{o.name}:{o.port}"
   volumes, mounts = _volumes(o.workdir, o.pvc, o.mount_path, o.shm_size)
-  container = {
-    "name": CONTAINER,
-    "image": o.image,
-    "workingDir": o.working_dir,
-    "command": ["python", "main.py"],
-    "args": o.args,
-    "env": [
+  container = _main_container(
+    o,
+    [
       # trainer/runtime.py joins the job from these three (jax.distributed.initialize with them).
       _env("JAX_COORDINATOR_ADDRESS", coordinator),
       _env("JAX_NUM_PROCESSES", str(o.replicas)),
       _env("JAX_PROCESS_ID", field=COMPLETION_INDEX),
-      _env("PYTHONUNBUFFERED", "1"),  # Lines reach `kubectl logs` as they are printed.
-      _env("PREEMPTED_EXIT_CODE", str(PREEMPTED_EXIT_CODE)),
-      *(_env(k, v) for k, v in o.env.items()),
     ],
-    "ports": [{"name": "coordinator", "containerPort": o.port}],
+    mounts,
+    ports=[{"name": "coordinator", "containerPort": o.port}],
     # An extended resource: the request defaults to the limit; GKE adds the GPU-node toleration itself.
     **({"resources": {"limits": {"nvidia.com/gpu": o.gpus_per_replica}}} if o.gpus_per_replica else {}),
-    "volumeMounts": mounts,
-  }
+  )
   pod = {
     # Never: a process restarted in place could not rejoin; the Job fails and the JobSet restarts all.
     "restartPolicy": "Never",
