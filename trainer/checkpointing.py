@@ -17,7 +17,7 @@ from absl import logging
 
 from trainer import multihost
 from trainer.errors import UserError
-from trainer.state import TrainState
+from trainer.state import TrainState, path_keys
 
 DATA_POSITION_VERSION = 2
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,8 +104,7 @@ def _data_handler() -> ocp.JsonCheckpointHandler:
 def _paths_and_shapes(tree) -> dict[str, tuple]:
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
-    out["/".join(keys)] = tuple(leaf.shape)
+    out["/".join(path_keys(path))] = tuple(leaf.shape)
   return out
 
 

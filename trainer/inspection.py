@@ -31,7 +31,7 @@ def _bytes_per_device(leaf) -> int:
 
 def _leaves(tree):
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    yield "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path), leaf
+    yield "/".join(state_lib.path_keys(path)), leaf
 
 
 def report(config, devices=None) -> dict:

@@ -94,5 +94,10 @@ def abstract_state(shardings: TrainState, mdef: ModelDef, tx) -> TrainState:
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
+def path_keys(path) -> list[str]:
+  """A jax tree path as plain names: dict keys, list indices, dataclass fields ('params', 'blocks', '0')."""
+  return [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+
+
 def param_count(params) -> int:
   return sum(x.size for x in jax.tree.leaves(params))

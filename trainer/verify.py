@@ -17,6 +17,7 @@ import numpy as np
 
 from data import pipeline
 from trainer import components
+from trainer import state as state_lib
 from trainer.errors import UserError
 from trainer.metrics import console, device_label
 from trainer.step import make_train_step
@@ -29,7 +30,7 @@ def _groups(tree) -> dict[str, list[np.ndarray]]:
   """Leaves grouped by their module path (the path without the leaf's own name)."""
   out: dict[str, list[np.ndarray]] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+    keys = state_lib.path_keys(path)
     out.setdefault("/".join(keys[:-1]) or keys[-1], []).append(np.asarray(leaf, np.float64))
   return out
 
