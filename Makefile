@@ -1,10 +1,12 @@
 # `make train` and `make test` are the two commands a new user runs; both set up .venv first.
+# `make check` is the fast loop for a fork: lint, a 2-step pulse of every config, verify of every
+# experiment, and the experiment contract (a few minutes).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test test-slurm lint clean
+.PHONY: setup train test check test-slurm lint clean
 
 setup: $(STAMP)
 
@@ -24,6 +26,9 @@ lint: $(STAMP)
 # The whole suite, tests/test_slurm.py included; pyproject's `-ra` lists every skip with its reason.
 test: lint
 	$(PY) -m pytest -q
+
+check: lint
+	$(PY) -m pytest -q tests/test_configs.py tests/test_experiment_contract.py
 
 # launch/slurm/train.sbatch on a real single-node SLURM (apt-get installs it when run as root).
 # Where SLURM cannot run the tests are skipped, and -rs prints why.

@@ -40,8 +40,12 @@ def _fail(msg: str) -> None:
 
 def _parse_flags(argv):
   """absl's parser, with its errors (unknown or misspelt config keys among them) as `error:` lines."""
+  from errors import UserError
+
   try:
     return flags.FLAGS(argv)
+  except UserError as e:  # A config argument (`:tiny,fsdp=8`) or an experiment that is not there.
+    _fail(str(e))
   except flags.Error as e:
     _fail(_one_line(str(e)) or repr(e))
   except (AttributeError, KeyError) as e:  # A config (file or override) naming a key base.py lacks.
@@ -56,7 +60,10 @@ def _unknown_key(msg: str) -> str:
   hint = re.search(r"""Did you mean \\?["'](\w+)""", msg)
   name = key.group(1) if key else "?"
   suggestion = f"; did you mean {hint.group(1)!r}?" if hint else ""
-  return f"unknown config key {name!r}{suggestion} (every key is defined in configs/base.py)"
+  return (
+    f"unknown config key {name!r}{suggestion} (keys are defined in configs/base.py and the "
+    f"experiment's default_config())"
+  )
 
 
 def _one_line(msg: str) -> str:
@@ -70,7 +77,7 @@ def main(argv):
     _fail("--config and --workdir are required")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
-  from trainer.errors import UserError
+  from errors import UserError
 
   try:
     from trainer import pathways, runtime

@@ -43,7 +43,7 @@ def main():
   config = runpy.run_path(args.config)["get_config"]()
   comp = components.build(config)
   b = config.global_batch_size
-  local = components.local_batches(comp, config)
+  local = components.local_batches(comp)
   n = 40
 
   # 1. The pipeline alone, as the loop uses it (reader threads, prefetch).

@@ -55,7 +55,7 @@ def main():
     )
     comp = components.build(config, jax.devices()[:n])
     state = components.init_state(comp, config)
-    local = components.local_batches(comp, config)
+    local = components.local_batches(comp)
     batch = pipeline.to_global(local(0), comp.batch_sharding, config.global_batch_size)
     with jax.set_mesh(comp.mesh):
       step = make_train_step(comp, config.microbatches).lower(state, batch).compile()
@@ -66,7 +66,7 @@ def main():
       state, m = step(state, batch)
     jax.block_until_ready(m)
     dt = (time.perf_counter() - t0) / args.steps
-    tokens = float(m["valid_tokens"])
+    tokens = float(m["count"])
     flops = 6 * state_lib.param_count(state.params) * tokens / dt
     base_time = base_time or dt
     mfu = f"{100 * flops / (n * args.peak_tflops * 1e12):5.1f}%" if args.peak_tflops else "   n/a"

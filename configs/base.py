@@ -1,15 +1,18 @@
-"""Every config key, with its default and a one-line meaning. Other configs import and change it.
+"""The trainer's config keys, with their defaults and a one-line meaning; other configs import it.
 
-Values only: no logic. A key that is not defined here is an error (the config is locked).
+`get_config(EXPERIMENT)` adds the experiment's own keys (`default_config()` in experiments/NAME.py,
+commented there) and locks the result: a key defined neither here nor there is an error. Values only.
 """
 
 import ml_collections
 
+from trainer import configuration
 
-def get_config() -> ml_collections.ConfigDict:
+
+def get_config(experiment: str = "lm") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0  # One seed for init, dropout and data order.
-  c.experiment = "lm"  # Module name under experiments/: what is trained (model, loss, data).
+  c.experiment = experiment  # Module name under experiments/: what is trained (model, loss, data).
   c.steps = 100  # Optimizer steps to train.
   c.global_batch_size = 32  # Examples per optimizer step, over all processes.
   c.microbatches = 1  # Gradient-accumulation steps per optimizer step (sums accumulate, divide once).
@@ -29,32 +32,21 @@ def get_config() -> ml_collections.ConfigDict:
   # 'dp' (replicated), 'zero1' (optimizer state sharded over the batch axes), 'fsdp' (ZeRO-3),
   # 'fsdp_tp' (ZeRO-3 plus tensor parallelism over the tensor axis).
   c.sharding.strategy = "fsdp_tp"
-  # Overrides of the preset: (logical axis, mesh axes) pairs, e.g. (("vocab", None),). Model code names
-  # logical axes only: weights embed, mlp, heads, kv, vocab, norm; activations batch, act_*.
+  # Overrides of the preset: (logical axis, mesh axes) pairs, e.g. (("mlp", None),). Model code names
+  # logical axes only: weights embed, mlp, heads, kv, norm; activations batch, act_*; and the
+  # experiment's own (its LOGICAL_AXES).
   c.sharding.rules = ()
 
-  c.data = ml_collections.ConfigDict()
-  c.data.source = "synthetic"  # 'synthetic' (seeded Markov chain with a known loss floor) or 'arrayrecord'.
-  c.data.num_examples = 1_000_000  # Training records per epoch (synthetic: how many to generate).
-  c.data.eval_examples = 1_024  # Held-out records, disjoint from the training records.
-  c.data.seq_len = 64  # Tokens per example the model sees (records hold seq_len + 1).
-  c.data.vocab_size = 64  # Synthetic: vocabulary of the Markov chain.
-  c.data.markov_concentration = 0.1  # Synthetic: Dirichlet concentration of each row; lower = lower entropy.
-  c.data.path = ""  # arrayrecord: directory written by `python -m data.prepare` (record counts come from it).
-  c.data.packing = False  # arrayrecord: documents packed per sequence attend only within themselves.
+  c.data = ml_collections.ConfigDict()  # The experiment adds its source's keys (data.source, ...).
   c.data.allow_changed_data = False  # Resume even if the data's fingerprint differs from the checkpoint's.
   c.data.worker_processes = 0  # Grain worker processes preparing batches (0: reader threads only).
   c.data.read_threads = 2  # Host threads that prepare batches ahead of the device.
   c.data.prefetch = 2  # Batches prepared ahead of the one being trained on.
 
-  c.model = ml_collections.ConfigDict()
-  c.model.vocab_size = 64  # Must be >= the data's vocabulary.
-  c.model.embed_dim = 64  # Width of the residual stream.
-  c.model.num_layers = 2  # Decoder blocks.
-  c.model.num_heads = 4  # Attention heads; head_dim = embed_dim // num_heads.
-  c.model.mlp_dim = 256  # Hidden width of the SwiGLU MLP.
-  c.model.rope_base = 10_000.0  # RoPE frequency base.
-  c.model.compute_dtype = "float32"  # Activations and matmuls: 'float32' or 'bfloat16'. Params stay float32.
+  c.model = ml_collections.ConfigDict()  # The experiment adds its model's keys (sizes, ...).
+  # Activations and matmuls: 'float32' or 'bfloat16'; params stay float32. --mode=verify's tolerance
+  # follows it.
+  c.model.compute_dtype = "float32"
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adamw"  # Only adamw for now.
@@ -83,5 +75,5 @@ def get_config() -> ml_collections.ConfigDict:
   c.watchdog.startup_timeout_s = 600.0  # Start-up incl. first compile longer than this ends the job.
   c.watchdog.step_timeout_s = 300.0  # A step, barrier or save longer than this ends the job.
 
-  c.lock()  # A config that sets a key not defined above fails when it is loaded.
-  return c
+  # Adds the experiment's keys, then locks: a config that sets a key defined nowhere fails on load.
+  return configuration.with_experiment(c, experiment)

@@ -9,13 +9,16 @@ Expect: no figures yet. Nothing here has been measured on GPUs; record step time
 loss at 20k steps here once a run has, with the command that produced them. Check placement and
 per-device memory first, on a laptop, with
   python main.py --config=configs/lm_small.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=8
+Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
+(`--config=configs/lm_small.py:tiny`); short arguments combine, e.g. `:tiny,fsdp=4`.
 """
 
 from configs import base
+from trainer import configuration
 
 
-def get_config():
-  c = base.get_config()
+def get_config(arg=None):
+  c = base.get_config("lm")
   c.steps = 20_000
   c.global_batch_size = 256
   c.log_every = 50
@@ -43,4 +46,4 @@ def get_config():
   c.checkpoint.keep_every = 5_000
   c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.step_timeout_s = 600.0
-  return c
+  return configuration.apply_args(c, arg)

@@ -6,13 +6,16 @@ Hardware: 8 logical CPU devices (a laptop, or CI's 2 cores); mesh data=2, fsdp=2
 Expect: about 2 minutes on 2 cores. A tiny Llama-style decoder learns a seeded order-1 Markov
 chain; the final train loss ends within 0.15 nats of the chain's entropy rate, which the run prints
 as the floor. Logical CPU devices say nothing about interconnect speed.
+Arguments: `:tiny` shrinks it to a 2-step pulse (a 1-layer model, 16 tokens per example); short
+arguments combine, e.g. `--config=configs/smoke_cpu.py:tiny,fsdp=8` (see trainer/configuration.py).
 """
 
 from configs import base
+from trainer import configuration
 
 
-def get_config():
-  c = base.get_config()
+def get_config(arg=None):
+  c = base.get_config("lm")
   c.steps = 500
   c.data.vocab_size = 128
   c.data.seq_len = 128
@@ -26,4 +29,4 @@ def get_config():
   c.mesh.fsdp = 2
   c.mesh.tensor = 2
   c.checkpoint.every = 100
-  return c
+  return configuration.apply_args(c, arg)

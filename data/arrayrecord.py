@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from data import prepare
-from trainer.errors import UserError
+from errors import UserError
 
 _RERUN = "re-run `python -m data.prepare`"
 

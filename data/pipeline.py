@@ -17,7 +17,7 @@ import grain
 import jax
 import numpy as np
 
-from trainer.errors import UserError
+from errors import UserError
 
 PAD = -1  # Record id of a padding row.
 
@@ -78,31 +78,50 @@ def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int) -> tup
 
 
 class LocalBatches:
-  """Callable t -> this process's rows of global batch t, as numpy arrays [rows, seq_len]:
-  inputs, targets, weights (0 on padding rows, pad targets and, when packed, across documents),
-  and with packing also segment_ids and positions (restarting at each document)."""
+  """Callable t -> this process's rows of global batch t: the records read in one batched read and
+  stacked (zeros on padding rows), turned into arrays by the experiment's `make_batch`, and checked
+  against the contract (a `weights` array, zero on every padding row)."""
 
-  def __init__(self, source, plan: BatchPlan, rows: tuple[int, int], seq_len: int, pad_id=None, eos_id=None):
-    self.source, self.plan, self.rows, self.seq_len = source, plan, rows, seq_len
-    self.pad_id, self.eos_id = pad_id, eos_id  # eos_id set: pack documents.
+  def __init__(self, source, plan: BatchPlan, rows: tuple[int, int], make_batch):
+    self.source, self.plan, self.rows, self.make_batch = source, plan, rows, make_batch
+    self._blank = None  # Zeros shaped like one record: what a padding row holds.
 
   def __call__(self, t: int) -> dict[str, np.ndarray]:
     lo, hi = self.rows
     ids = self.plan.record_ids(int(t))[lo:hi]
-    tokens = np.zeros((hi - lo, self.seq_len + 1), np.int32)
     valid = ids != PAD
+    if self._blank is None:
+      self._blank = {k: np.zeros_like(np.asarray(v)) for k, v in read_records(self.source, [0])[0].items()}
+    records = {k: np.zeros((hi - lo, *v.shape), v.dtype) for k, v in self._blank.items()}
     if valid.any():
-      tokens[valid] = [r["tokens"] for r in read_records(self.source, ids[valid])]
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    weights = np.broadcast_to((ids != PAD)[:, None], inputs.shape)
-    if self.pad_id is not None:
-      weights = weights & (targets != self.pad_id)
-    batch = {"inputs": inputs, "targets": targets}
-    if self.eos_id is not None:
-      batch.update(segments(inputs, self.eos_id))
-      weights = weights & (inputs != self.eos_id)  # After a document's end comes another document.
-    batch["weights"] = weights.astype(np.float32)
-    return batch
+      for k, rows in _stack(read_records(self.source, ids[valid])).items():
+        records[k][valid] = rows
+    return check_batch(self.make_batch(records, valid), valid, int(t))
+
+
+def _stack(records: list[dict]) -> dict[str, np.ndarray]:
+  return {k: np.stack([np.asarray(r[k]) for r in records]) for k in records[0]}
+
+
+def check_batch(batch, valid: np.ndarray, t: int) -> dict[str, np.ndarray]:
+  """The experiment's batch, as the contract says: arrays over the rows, and `weights` that are zero
+  on padding rows (else padding would count)."""
+  rows = len(valid)
+  if not isinstance(batch, dict) or "weights" not in batch:
+    keys = f" with keys {sorted(batch)}" if isinstance(batch, dict) else ""
+    raise UserError(
+      f"make_batch must return a dict of arrays that includes 'weights' (0 on padding rows); "
+      f"got {type(batch).__name__}{keys}"
+    )
+  for k, v in batch.items():
+    if not isinstance(v, np.ndarray) or v.ndim == 0 or v.shape[0] != rows:
+      shape = getattr(v, "shape", type(v).__name__)
+      raise UserError(f"make_batch: batch[{k!r}] must be a numpy array with {rows} rows first; got {shape}")
+  if np.any(batch["weights"].reshape(rows, -1)[~valid] != 0):
+    raise UserError(
+      f"make_batch: global batch {t} has non-zero weights on padding rows (valid=False): they would count"
+    )
+  return batch
 
 
 def read_records(source, indices) -> list:
@@ -111,19 +130,6 @@ def read_records(source, indices) -> list:
   if hasattr(source, "__getitems__"):
     return list(source.__getitems__(indices))
   return [source[i] for i in indices]
-
-
-def segments(inputs: np.ndarray, eos_id: int) -> dict[str, np.ndarray]:
-  """Segment ids (1, 2, ...) and in-document positions of packed rows [rows, L]; a document's
-  end-of-document token belongs to it, the next token starts a new segment."""
-  is_eos = inputs == eos_id
-  starts = np.zeros_like(is_eos)
-  starts[:, 0] = True
-  starts[:, 1:] = is_eos[:, :-1]
-  segment_ids = np.cumsum(starts, axis=1).astype(np.int32)
-  idx = np.broadcast_to(np.arange(inputs.shape[1]), inputs.shape)
-  first = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
-  return {"segment_ids": segment_ids, "positions": (idx - first).astype(np.int32)}
 
 
 class _Numbered:

@@ -33,7 +33,7 @@ import tempfile
 
 import numpy as np
 
-from trainer.errors import UserError
+from errors import UserError
 
 VERSION = 1
 PAD_ID, EOS_ID, BYTE_OFFSET = 0, 1, 2  # Byte tokenizer ids; byte b is id b + BYTE_OFFSET.

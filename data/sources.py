@@ -1,53 +1,27 @@
-"""Builds the train and held-out sources named by `data.source`."""
+"""What an experiment's data_sources() returns: the generic description of its data."""
 
 import dataclasses
-import hashlib
-import json
+from collections.abc import Callable
 
-from data import synthetic
-from trainer.errors import UserError
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSources:
-  train: object  # Random-access source: len() and [i] -> {'tokens': int32[seq_len + 1]}.
-  eval: object  # Held-out records, disjoint from train.
-  loss_floor: float | None  # Lowest reachable loss (nats/token) when known, e.g. synthetic data.
-  fingerprint: str  # Identifies the records; a checkpoint refuses to resume on other data.
-  pad_id: int | None = None  # Token that fills a record's unused tail: never a target.
-  eos_id: int | None = None  # End-of-document token: where packed documents are separated.
+  """Random-access sources and how their records become a batch.
 
+  A source has `len()` and `[i]` -> a record, a dict of numpy arrays of fixed shapes (and, for speed,
+  Grain's batched `__getitems__(indices)`). Records depend only on their index.
+  """
 
-def make_sources(config) -> DataSources:
-  d = config.data
-  if d.source == "synthetic":
-    if d.packing:
-      raise UserError("data.packing needs documents; the synthetic source has none (use arrayrecord)")
-    if d.vocab_size > config.model.vocab_size:
-      raise UserError(f"data.vocab_size={d.vocab_size} exceeds model.vocab_size={config.model.vocab_size}")
-    chain = synthetic.MarkovChain(d.vocab_size, d.markov_concentration, config.seed)
-    make = lambda n, split: synthetic.MarkovSource(chain, n, d.seq_len, config.seed, split)
-    recipe = [d.vocab_size, d.markov_concentration, config.seed, d.num_examples, d.seq_len]
-    return DataSources(
-      train=make(d.num_examples, synthetic.TRAIN),
-      eval=make(d.eval_examples, synthetic.EVAL),
-      loss_floor=chain.entropy_rate(),
-      fingerprint="synthetic-" + hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16],
-    )
-  if d.source == "arrayrecord":
-    from data import arrayrecord
-
-    metadata = arrayrecord.load_metadata(d.path)
-    arrayrecord.check_compatible(metadata, d.seq_len, config.model.vocab_size)
-    return DataSources(
-      train=arrayrecord.ArrayRecordSource(d.path, "train", d.seq_len),
-      # An empty held-out split is allowed; components.build refuses it only when eval_steps > 0.
-      eval=arrayrecord.ArrayRecordSource(d.path, "eval", d.seq_len)
-      if metadata["num_records"]["eval"]
-      else (),
-      loss_floor=None,
-      fingerprint=metadata["fingerprint"],
-      pad_id=metadata["pad_id"],
-      eos_id=metadata["eos_id"],
-    )
-  raise UserError(f"data.source={d.source!r}: use 'synthetic' or 'arrayrecord'")
+  train: object  # Training records.
+  eval: object  # Held-out records, disjoint from train (may be empty when eval_steps is 0).
+  # Identifies the records (a hash of their recipe or contents): a checkpoint refuses to resume on data
+  # with another fingerprint unless data.allow_changed_data is set.
+  fingerprint: str
+  # make_batch(records, valid) -> {name: array [rows, ...]}: `records` holds each key of a record
+  # stacked over this process's rows (zeros on padding rows), `valid` is bool[rows], False on padding
+  # rows. The batch must hold `weights` (float, any rank, first dimension rows) that are 0 on padding
+  # rows and wherever an element must not count. A picklable callable (Grain worker processes call it).
+  make_batch: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
+  loss_floor: float | None = None  # Lowest reachable loss when known (e.g. synthetic data), else None.

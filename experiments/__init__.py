@@ -1,0 +1,117 @@
+"""The experiment contract: what an experiment provides, and what the trainer guarantees in return.
+
+An experiment is a module `experiments/NAME.py` (or a folder `experiments/NAME/` with `__init__.py`)
+that binds a model, data and a loss. `trainer/` knows it only through the names below; nothing in
+`trainer/` is specific to one experiment. `python -m experiments.new MINE --from=lm|vit` copies one.
+
+What the module provides:
+  UNIT: str
+      What the loss's count counts ("tokens", "images"): metrics are named `valid_{UNIT}` and
+      `{UNIT}_per_s`, the summary `{UNIT}_trained_this_run`.
+  LOGICAL_AXES: dict[str, str | None]
+      Every logical axis name its model uses beyond the trainer's own (`batch`, `embed`, `mlp`,
+      `heads`, `kv`, `norm`, `act_seq`, `act_embed`, `act_mlp`, `act_heads`, `act_kv`; see
+      trainer/sharding.py), mapped to the trainer name it is sharded like, or None (replicated).
+  default_config() -> ml_collections.ConfigDict
+      The experiment's own keys (typically `model.*` and `data.*`), each with a one-line comment.
+      `configs/base.py`'s `get_config(NAME)` merges them into the trainer's keys before the config is
+      locked, so they are checked like every other key; redefining a trainer key is an error.
+  check_config(config) -> None
+      Raises errors.UserError for impossible values of the experiment's keys (one line, naming the
+      key and what to change), before anything is compiled.
+  TINY: dict[str, object]
+      Overrides (dotted keys) that shrink the experiment to a pulse on 8 logical CPU devices: what a
+      config's `:tiny` argument applies on top of the trainer's own shrinking.
+  build_model(config, rngs: nnx.Rngs) -> nnx.Module
+      Parameters carry logical axis names (`nnx.Param(..., out_sharding=("embed", "mlp"))`).
+  data_sources(config) -> data.sources.DataSources
+      Train and held-out random-access sources (`len()`, `[i]`, optionally Grain's batched
+      `__getitems__`), a fingerprint of the records, an optional loss floor, and `make_batch`: how the
+      records of a process's rows become arrays (see DataSources).
+  loss_sums(model, batch, rng) -> (loss_sum, count, {metric: sum})
+      Scalars summed over the valid elements of `batch` (weight > 0), never a mean: the trainer adds
+      them over devices, processes and microbatches and divides once by the global count. `rng` is
+      uint32[B, 2], one key per example of the batch (a function of seed, step and the example's row
+      in the global batch): draw random bits per example (jax.vmap over rows) so they never depend on
+      how the batch is split. `rng` is None in evaluation: be deterministic then.
+
+What the trainer guarantees:
+  - Global batch t holds the same records in the same order on any number of devices and processes;
+    an epoch's last batch is padded with rows whose records are zeros and `valid` is False.
+  - Each process reads only its own rows; batches are prepared ahead and sharded over the batch axes
+    (arrays of any rank, split along their first dimension).
+  - loss_sum / count is the objective of the whole global batch: the gradient is that of the summed
+    loss divided once by the global count; a globally empty batch is refused before it runs.
+  - Checked, not assumed: a missing name, a batch without zero `weights` on padding rows, and a
+    loss_sums that does not return (scalar, scalar, {name: scalar}) end in one `error:` line.
+"""
+
+import importlib
+import os
+import re
+from types import ModuleType
+
+from errors import UserError
+
+CONTRACT = (
+  "UNIT",
+  "LOGICAL_AXES",
+  "TINY",
+  "default_config",
+  "check_config",
+  "build_model",
+  "data_sources",
+  "loss_sums",
+)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def module_name(name: str) -> str:
+  """'lm', 'experiments.lm', 'experiments/lm.py' or 'experiments/lm/' -> 'lm'."""
+  given = name
+  name = name.strip().rstrip("/")
+  if name.endswith(".py"):
+    name = name[: -len(".py")]
+  if "/" in name or os.sep in name:
+    folder, name = os.path.split(os.path.normpath(name))
+    if os.path.abspath(folder) != _HERE and os.path.normpath(folder) != "experiments":
+      raise UserError(f"experiment={given!r}: an experiment lives in experiments/ (experiments/NAME.py)")
+  elif name.startswith("experiments."):
+    name = name[len("experiments.") :]
+  if not re.fullmatch(r"[A-Za-z_]\w*", name):
+    raise UserError(f"experiment={given!r}: use a module name under experiments/, e.g. 'lm'")
+  return name
+
+
+def available() -> list[str]:
+  names = []
+  for entry in sorted(os.listdir(_HERE)):
+    stem = entry[:-3] if entry.endswith(".py") else entry
+    is_module = entry.endswith(".py") or os.path.isfile(os.path.join(_HERE, entry, "__init__.py"))
+    if is_module and not stem.startswith("_") and stem != "new":
+      names.append(stem)
+  return names
+
+
+def load(name: str) -> ModuleType:
+  """The experiment module `name` (see module_name), with every name of the contract present."""
+  name = module_name(name)
+  try:
+    module = importlib.import_module(f"experiments.{name}")
+  except ModuleNotFoundError as e:
+    if e.name != f"experiments.{name}":
+      raise
+    raise UserError(
+      f"experiment={name!r}: no experiments/{name}.py (available: {', '.join(available())})"
+    ) from None
+  missing = [n for n in CONTRACT if not hasattr(module, n)]
+  if missing:
+    raise UserError(
+      f"experiments/{name}.py lacks {', '.join(missing)} of the experiment contract "
+      f"(documented in experiments/__init__.py)"
+    )
+  if not isinstance(module.UNIT, str) or not re.fullmatch(r"[a-z_]+", module.UNIT):
+    raise UserError(
+      f"experiments/{name}.py: UNIT must be a lower-case word like 'tokens', not {module.UNIT!r}"
+    )
+  return module

@@ -1,19 +1,71 @@
-"""Next-token language modelling with the Llama-style decoder.
+"""Next-token language modelling with the Llama-style decoder (model/transformer.py).
 
-An experiment module provides three things the trainer calls:
-  build_model(config, rngs)   -> an NNX module
-  loss_sums(model, batch)     -> (loss_sum, valid_count, {metric: sum}); never a local mean
-  data_sources(config)        -> DataSources(train, eval, loss_floor)
-Fork this file to train something else; keep the loss as sums over valid tokens.
+Data: `data.source='synthetic'`, a seeded order-1 Markov chain whose entropy rate is the loss floor
+(data/synthetic.py), or `'arrayrecord'`, token records written by `python -m data.prepare`
+(data/arrayrecord.py). A record is {'tokens': int32[seq_len + 1]}; make_batch shifts it into inputs
+and targets, masks pad targets and, with packing, separates documents.
+The experiment contract this module fulfils is in experiments/__init__.py.
 """
+
+import functools
+import hashlib
+import json
 
 import jax
 import jax.numpy as jnp
+import ml_collections
+import numpy as np
 import optax
 from flax import nnx
 
-from data.sources import DataSources, make_sources
+from data import synthetic
+from data.sources import DataSources
+from errors import UserError
 from model.transformer import Decoder
+
+UNIT = "tokens"
+# The decoder's own logical axes: the vocabulary is split like the MLP's hidden dimension (over the
+# tensor axis under fsdp_tp).
+LOGICAL_AXES = {"vocab": "mlp", "act_vocab": "act_mlp"}
+TINY = {
+  "data.source": "synthetic",
+  "data.packing": False,
+  "data.vocab_size": 32,
+  "data.seq_len": 16,
+  "model.vocab_size": 32,
+  "model.embed_dim": 32,
+  "model.num_layers": 1,
+  "model.num_heads": 2,
+  "model.mlp_dim": 64,
+}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "synthetic"  # 'synthetic' (seeded Markov chain with a known loss floor) or 'arrayrecord'.
+  c.data.num_examples = 1_000_000  # Synthetic: training records per epoch.
+  c.data.eval_examples = 1_024  # Synthetic: held-out records, disjoint from the training records.
+  c.data.seq_len = 64  # Tokens per example the model sees (records hold seq_len + 1).
+  c.data.vocab_size = 64  # Synthetic: vocabulary of the Markov chain.
+  c.data.markov_concentration = 0.1  # Synthetic: Dirichlet concentration of each row; lower = lower entropy.
+  c.data.path = ""  # arrayrecord: directory written by `python -m data.prepare` (record counts come from it).
+  c.data.packing = False  # arrayrecord: documents packed per sequence attend only within themselves.
+  c.model = ml_collections.ConfigDict()
+  c.model.vocab_size = 64  # Must be >= the data's vocabulary.
+  c.model.embed_dim = 64  # Width of the residual stream.
+  c.model.num_layers = 2  # Decoder blocks.
+  c.model.num_heads = 4  # Attention heads; head_dim = embed_dim // num_heads.
+  c.model.mlp_dim = 256  # Hidden width of the SwiGLU MLP.
+  c.model.rope_base = 10_000.0  # RoPE frequency base.
+  return c
+
+
+def check_config(config) -> None:
+  for key in ("model.num_heads", "model.num_layers", "model.embed_dim", "model.mlp_dim", "data.seq_len"):
+    section, name = key.split(".")
+    if config[section][name] < 1:
+      raise UserError(f"{key}={config[section][name]}: must be at least 1")
 
 
 def build_model(config, rngs: nnx.Rngs) -> Decoder:
@@ -30,8 +82,9 @@ def build_model(config, rngs: nnx.Rngs) -> Decoder:
   )
 
 
-def loss_sums(model: Decoder, batch: dict[str, jax.Array]):
-  """Sum of next-token cross-entropy over valid tokens, the valid-token count, and metric sums."""
+def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None):
+  """Sum of next-token cross-entropy over valid tokens, the valid-token count, and metric sums.
+  Deterministic: `rng` is unused."""
   logits = model(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))  # [B, L, V]
   w = batch["weights"]  # [B, L]; 0 for padding rows and padding tokens.
   xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])  # [B, L]
@@ -40,4 +93,65 @@ def loss_sums(model: Decoder, batch: dict[str, jax.Array]):
 
 
 def data_sources(config) -> DataSources:
-  return make_sources(config)
+  d = config.data
+  if d.source == "synthetic":
+    if d.packing:
+      raise UserError("data.packing needs documents; the synthetic source has none (use arrayrecord)")
+    if d.vocab_size > config.model.vocab_size:
+      raise UserError(f"data.vocab_size={d.vocab_size} exceeds model.vocab_size={config.model.vocab_size}")
+    chain = synthetic.MarkovChain(d.vocab_size, d.markov_concentration, config.seed)
+    make = lambda n, split: synthetic.MarkovSource(chain, n, d.seq_len, config.seed, split)
+    recipe = [d.vocab_size, d.markov_concentration, config.seed, d.num_examples, d.seq_len]
+    return DataSources(
+      train=make(d.num_examples, synthetic.TRAIN),
+      eval=make(d.eval_examples, synthetic.EVAL),
+      fingerprint="synthetic-" + hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16],
+      make_batch=functools.partial(make_batch, pad_id=None, eos_id=None),
+      loss_floor=chain.entropy_rate(),
+    )
+  if d.source == "arrayrecord":
+    from data import arrayrecord
+
+    metadata = arrayrecord.load_metadata(d.path)
+    arrayrecord.check_compatible(metadata, d.seq_len, config.model.vocab_size)
+    eos_id = metadata["eos_id"] if d.packing else None
+    return DataSources(
+      train=arrayrecord.ArrayRecordSource(d.path, "train", d.seq_len),
+      # An empty held-out split is allowed; components.build refuses it only when eval_steps > 0.
+      eval=arrayrecord.ArrayRecordSource(d.path, "eval", d.seq_len)
+      if metadata["num_records"]["eval"]
+      else (),
+      fingerprint=metadata["fingerprint"],
+      make_batch=functools.partial(make_batch, pad_id=metadata["pad_id"], eos_id=eos_id),
+    )
+  raise UserError(f"data.source={d.source!r}: use 'synthetic' or 'arrayrecord'")
+
+
+def make_batch(records, valid, pad_id: int | None, eos_id: int | None) -> dict[str, np.ndarray]:
+  """Token records [rows, seq_len + 1] -> inputs, targets, weights [rows, seq_len] (0 on padding rows,
+  pad targets and, when packed, across documents); with `eos_id` (packing) also segment_ids and
+  positions restarting at each document."""
+  tokens = records["tokens"]
+  inputs, targets = tokens[:, :-1], tokens[:, 1:]
+  weights = np.broadcast_to(valid[:, None], inputs.shape)
+  if pad_id is not None:
+    weights = weights & (targets != pad_id)
+  batch = {"inputs": inputs, "targets": targets}
+  if eos_id is not None:
+    batch.update(segments(inputs, eos_id))
+    weights = weights & (inputs != eos_id)  # After a document's end comes another document.
+  batch["weights"] = weights.astype(np.float32)
+  return batch
+
+
+def segments(inputs: np.ndarray, eos_id: int) -> dict[str, np.ndarray]:
+  """Segment ids (1, 2, ...) and in-document positions of packed rows [rows, L]; a document's
+  end-of-document token belongs to it, the next token starts a new segment."""
+  is_eos = inputs == eos_id
+  starts = np.zeros_like(is_eos)
+  starts[:, 0] = True
+  starts[:, 1:] = is_eos[:, :-1]
+  segment_ids = np.cumsum(starts, axis=1).astype(np.int32)
+  idx = np.broadcast_to(np.arange(inputs.shape[1]), inputs.shape)
+  first = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
+  return {"segment_ids": segment_ids, "positions": (idx - first).astype(np.int32)}

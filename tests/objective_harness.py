@@ -14,7 +14,7 @@ def run_steps(config, devices, steps: int, init_params=None):
   theta0 = jax.device_get(state.params)
   step = make_train_step(comp, config.microbatches, with_grads=True)
   b = config.global_batch_size
-  local = components.local_batches(comp, config)
+  local = components.local_batches(comp)
   metrics = []
   for t in range(steps):
     with jax.set_mesh(comp.mesh):

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from errors import UserError
 from experiments import lm
 from tests.conftest import read_jsonl, tiny_config, train_losses
-from trainer.errors import UserError
 from trainer.train import train
 
 STEPS = 8
@@ -84,11 +84,11 @@ def _poison(monkeypatch, batches):
 
   cfg = _cfg()
   comp = components.build(cfg)
-  markers = jnp.stack([components.local_batches(comp, cfg)(t)["inputs"][0] for t in batches])
+  markers = jnp.stack([components.local_batches(comp)(t)["inputs"][0] for t in batches])
   real = lm.loss_sums
 
-  def poisoned(model, batch):
-    loss_sum, count, metrics = real(model, batch)
+  def poisoned(model, batch, rng):
+    loss_sum, count, metrics = real(model, batch, rng)
     hit = jnp.any(jnp.all(batch["inputs"][0][None] == markers, axis=1))
     return jnp.where(hit, jnp.nan, loss_sum), count, metrics
 

@@ -1,6 +1,7 @@
 """The input pipeline's contract: topology-independent global batches, every record once per epoch,
 masked padding, exact continuation from any data position, packing that never crosses documents."""
 
+import functools
 import os
 
 import jax
@@ -12,8 +13,14 @@ from data import pipeline, prepare
 from data.arrayrecord import ArrayRecordSource
 from data.pipeline import PAD, BatchPlan, LocalBatches
 from data.synthetic import EVAL, TRAIN, MarkovChain, MarkovSource
+from experiments import lm
 
 N, B, SEQ = 100, 16, 8  # 7 batches per epoch; batch 6 holds 4 valid rows.
+
+
+def _lm(pad_id=None, eos_id=None):
+  """The LM experiment's records -> inputs/targets/weights (with packing when eos_id is given)."""
+  return functools.partial(lm.make_batch, pad_id=pad_id, eos_id=eos_id)
 
 
 def _synthetic(n=N):
@@ -33,10 +40,10 @@ def _assert_batches_equal(a, b):
 @pytest.mark.parametrize("processes", [2, 4])
 def test_global_batch_is_the_same_for_any_process_count(processes):
   source, plan = _synthetic(), BatchPlan(N, B, seed=7)
-  whole = LocalBatches(source, plan, (0, B), SEQ)
+  whole = LocalBatches(source, plan, (0, B), _lm())
   per = B // processes
   for t in range(9):  # Across the epoch boundary.
-    parts = [LocalBatches(source, plan, (p * per, (p + 1) * per), SEQ)(t) for p in range(processes)]
+    parts = [LocalBatches(source, plan, (p * per, (p + 1) * per), _lm())(t) for p in range(processes)]
     _assert_batches_equal(_concat(parts), whole(t))
 
 
@@ -53,7 +60,7 @@ def test_every_record_once_per_epoch_and_only_the_missing_rows_padded():
     assert sorted(ids[ids != PAD]) == list(range(N))
     assert (ids[-12:] == PAD).all() and (ids[:-12] != PAD).all()
   assert not np.array_equal(plan.record_ids(0), plan.record_ids(7))  # Reshuffled per epoch.
-  batch = LocalBatches(_synthetic(), plan, (0, B), SEQ)(6)
+  batch = LocalBatches(_synthetic(), plan, (0, B), _lm())(6)
   np.testing.assert_array_equal(batch["weights"].sum(axis=1), [SEQ] * 4 + [0] * 12)
   assert plan.valid_rows(6) == 4 and plan.examples_before(8) == N + B
 
@@ -90,9 +97,7 @@ def test_resuming_at_any_step_yields_the_uninterrupted_batches(corpus, threads, 
     flags.FLAGS.mark_as_parsed()  # Grain's worker processes read absl flags.
   source = ArrayRecordSource(corpus, "train", SEQ)
   plan = BatchPlan(len(source), 4, seed=1)
-  local = LocalBatches(
-    source, plan, (0, 4), SEQ, pad_id=prepare.PAD_ID, eos_id=prepare.EOS_ID if packed else None
-  )
+  local = LocalBatches(source, plan, (0, 4), _lm(prepare.PAD_ID, prepare.EOS_ID if packed else None))
   steps = plan.batches_per_epoch + 3  # Crosses an epoch boundary.
   straight = _iterate(local, 0, steps)
   assert [t for t, _ in straight] == list(range(steps))
@@ -110,7 +115,7 @@ def test_resuming_at_any_step_yields_the_uninterrupted_batches(corpus, threads, 
 def test_padding_tokens_are_never_targets(corpus):
   source = ArrayRecordSource(corpus, "eval", SEQ)  # Holds the stream's last, padded record.
   plan = BatchPlan(len(source), len(source), seed=0, shuffle=False)
-  batch = LocalBatches(source, plan, (0, len(source)), SEQ, pad_id=prepare.PAD_ID)(0)
+  batch = LocalBatches(source, plan, (0, len(source)), _lm(prepare.PAD_ID))(0)
   assert (batch["targets"] == prepare.PAD_ID).any()
   np.testing.assert_array_equal(batch["weights"] == 0, batch["targets"] == prepare.PAD_ID)
 
@@ -118,7 +123,7 @@ def test_padding_tokens_are_never_targets(corpus):
 def test_segments_restart_positions_after_each_document_end():
   eos = 1
   inputs = np.array([[5, 6, eos, 7, eos, 8, 9, 9]])
-  seg = pipeline.segments(inputs, eos)
+  seg = lm.segments(inputs, eos)
   np.testing.assert_array_equal(seg["segment_ids"], [[1, 1, 1, 2, 2, 3, 3, 3]])
   np.testing.assert_array_equal(seg["positions"], [[0, 1, 2, 0, 1, 0, 1, 2]])
 
@@ -142,7 +147,7 @@ def test_packed_attention_does_not_cross_documents():
     )
   first, second = np.array([3, 4, 5, 1]), np.array([6, 7, 8, 9])
   packed = np.concatenate([first, second])[None]
-  seg = pipeline.segments(packed, eos_id=1)
+  seg = lm.segments(packed, eos_id=1)
   together = model(packed, seg["positions"], seg["segment_ids"])
   alone = model(second[None])
   np.testing.assert_allclose(together[0, 4:], alone[0], rtol=1e-5, atol=1e-5)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from data import arrayrecord, prepare
+from errors import UserError
 from tests.conftest import REPO
-from trainer.errors import UserError
 
 SEQ_LEN = 7
 

@@ -9,11 +9,11 @@ import jax
 import pytest
 import yaml
 
+from errors import UserError
 from launch.k8s import render as k8s
 from launch.k8s import schema
 from tests.test_k8s_render import BASE, CLI, _by_kind, _container, _env, _job
 from trainer import pathways
-from trainer.errors import UserError
 
 PATHWAYS = dict(BASE, pathways=True, gcs_scratch="gs://bucket/pathways", tpu="v5e", topology="4x4")
 

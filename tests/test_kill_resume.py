@@ -27,16 +27,13 @@ FLAGS = [
 
 
 def _start(workdir, pause_in_save_s=None):
-  env = dict(os.environ)
-  if pause_in_save_s:
-    env["TRAINER_TEST_PAUSE_IN_SAVE_S"] = str(pause_in_save_s)
+  main = ["tests/main_pausing_saves.py", str(pause_in_save_s)] if pause_in_save_s else ["main.py"]
   return subprocess.Popen(
-    [sys.executable, "main.py", "--cpu_devices=8", *FLAGS, f"--workdir={workdir}"],
+    [sys.executable, *main, "--cpu_devices=8", *FLAGS, f"--workdir={workdir}"],
     cwd=REPO,
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     text=True,
-    env=env,
   )
 
 

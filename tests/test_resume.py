@@ -21,7 +21,7 @@ def test_resume_is_bitwise_identical(tmp_path):
 def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
   import pytest
 
-  from trainer.errors import UserError
+  from errors import UserError
 
   train(tiny_config(steps=4), str(tmp_path), stop_after=2)
   changed = tiny_config(steps=4, **{"data.num_examples": 5000})

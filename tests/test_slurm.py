@@ -1,4 +1,4 @@
-"""launch/slurm/train.sbatch on a real single-node SLURM that the test starts (launch/slurm/local_cluster.py).
+"""launch/slurm/train.sbatch on a real single-node SLURM that the test starts (tests/slurm_cluster.py).
 
 Two tasks of 4 logical CPU devices, submitted with sbatch, train like one process of 8; a second
 submission resumes; the time-limit warning (USR1) makes the job save, requeue itself and resume.
@@ -16,7 +16,7 @@ import time
 import pytest
 
 from launch.local import CHILD_ENV_DEFAULTS
-from launch.slurm import local_cluster
+from tests import slurm_cluster as local_cluster
 from tests.conftest import REPO, TINY_FLAGS, read_jsonl, train_losses
 
 SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")

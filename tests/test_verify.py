@@ -29,8 +29,8 @@ def test_verify_fails_when_the_objective_depends_on_the_device_count(tmp_path, m
 
   real = lm.loss_sums
 
-  def broken(model, batch):
-    loss_sum, count, metrics = real(model, batch)
+  def broken(model, batch, rng):
+    loss_sum, count, metrics = real(model, batch, rng)
     devices = jax.sharding.get_abstract_mesh().size  # 8 on the mesh, 1 on the reference device.
     return loss_sum * jnp.float32(devices), count, metrics
 

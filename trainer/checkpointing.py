@@ -15,13 +15,12 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from errors import UserError
 from trainer import multihost
-from trainer.errors import UserError
 from trainer.state import TrainState, path_keys
 
 DATA_POSITION_VERSION = 2
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TEST_PAUSE_ENV = "TRAINER_TEST_PAUSE_IN_SAVE_S"  # Tests only: hold a save open to kill it mid-write.
 
 
 def data_position(step: int, batch_offset: int, comp) -> dict:
@@ -85,22 +84,6 @@ def run_metadata(comp, config) -> dict:
   }
 
 
-def _data_handler() -> ocp.JsonCheckpointHandler:
-  """The data-position item's handler; in tests it can hold the background write open, so that a
-  kill lands deterministically while the step directory is still temporary."""
-  handler = ocp.JsonCheckpointHandler()
-  pause_s = float(os.environ.get(_TEST_PAUSE_ENV, "0"))
-  if pause_s:
-    write = handler._save_fn
-
-    async def paused_write(x, directory):
-      time.sleep(pause_s)  # In Orbax's background thread: the loop goes on meanwhile.
-      await write(x, directory)
-
-    handler._save_fn = paused_write
-  return handler
-
-
 def _paths_and_shapes(tree) -> dict[str, tuple]:
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
@@ -133,15 +116,19 @@ class Checkpoints:
       async_options=ocp.AsyncOptions(create_directories_asynchronously=True),
       create=True,
     )
-    handlers = {
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=self.item_handlers())
+    self._records: list[dict] = []  # Finished saves' timings, for processes/process_I.jsonl.
+    self._pending: tuple[int, float, float] | None = None  # (step, started, blocking seconds)
+
+  @staticmethod
+  def item_handlers() -> dict:
+    """One Orbax handler per item of a checkpoint (tests wrap the data item's to pause a save)."""
+    return {
       "state": ocp.StandardCheckpointHandler(),
-      "data": _data_handler(),
+      "data": ocp.JsonCheckpointHandler(),
       "config": ocp.JsonCheckpointHandler(),
       "meta": ocp.JsonCheckpointHandler(),
     }
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
-    self._records: list[dict] = []  # Finished saves' timings, for processes/process_I.jsonl.
-    self._pending: tuple[int, float, float] | None = None  # (step, started, blocking seconds)
 
   def restore_latest(self, target: TrainState, set_aside: bool = True) -> tuple[TrainState, dict, int] | None:
     """The newest checkpoint that restores, onto `target`'s shardings (any mesh or device count).

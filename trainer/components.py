@@ -3,20 +3,21 @@ model definition and shardings. Mistakes in the config become UserErrors here, b
 
 import dataclasses
 import functools
-import importlib
 import math
 from types import ModuleType
 
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+import experiments
 from data import pipeline
 from data.pipeline import BatchPlan
 from data.sources import DataSources
+from errors import UserError
+from trainer import configuration
 from trainer import mesh as mesh_lib
 from trainer import sharding as sharding_lib
 from trainer import state as state_lib
-from trainer.errors import UserError
 from trainer.optimizer import make_optimizer
 
 
@@ -35,16 +36,17 @@ class Components:
   batch_sharding: NamedSharding
 
 
-def load_experiment(name: str) -> ModuleType:
-  try:
-    module = importlib.import_module(f"experiments.{name}")
-  except ModuleNotFoundError as e:
-    if e.name != f"experiments.{name}":
-      raise
-    raise UserError(f"experiment={name!r}: no module experiments/{name}.py") from None
-  for fn in ("build_model", "loss_sums", "data_sources"):
-    if not hasattr(module, fn):
-      raise UserError(f"experiments/{name}.py must define {fn}()")
+def load_experiment(config) -> ModuleType:
+  """The config's experiment, whose own keys the config must have (base.get_config(NAME) adds them)."""
+  module = experiments.load(config.experiment)
+  name = experiments.module_name(config.experiment)
+  missing = sorted(configuration.keys(module.default_config()) - configuration.keys(config))
+  if missing:
+    more = " ..." if len(missing) > 4 else ""
+    raise UserError(
+      f"experiment={name!r} needs config keys {', '.join(missing[:4])}{more} that this config lacks: "
+      f"use a config whose get_config() calls base.get_config({name!r})"
+    )
   return module
 
 
@@ -58,16 +60,15 @@ def build(config, devices=None) -> Components:
     "checkpoint.keep": (config.checkpoint.keep, 1),
     "eval_every": (config.eval_every, 0),
     "eval_steps": (config.eval_steps, 1 if config.eval_every else 0),
-    "model.num_heads": (config.model.num_heads, 1),
-    "model.num_layers": (config.model.num_layers, 1),
-    "data.seq_len": (config.data.seq_len, 1),
   }
   for key, (value, low) in at_least.items():
     if value < low:
       why = " when eval_every > 0" if key == "eval_steps" else ""
       raise UserError(f"{key}={value}: must be at least {low}{why}")
+  experiment = load_experiment(config)
+  experiment.check_config(config)
   mesh = mesh_lib.make_mesh(config.mesh, devices)
-  rules = sharding_lib.resolve_rules(config.sharding.strategy, config.sharding.rules)
+  rules = sharding_lib.resolve_rules(config.sharding.strategy, config.sharding.rules, experiment.LOGICAL_AXES)
   dp = math.prod(mesh.shape[a] for a in sharding_lib.batch_axes(rules))
   b, m = config.global_batch_size, config.microbatches
   if b < 1 or b % (dp * m):
@@ -75,12 +76,13 @@ def build(config, devices=None) -> Components:
       f"global_batch_size={b} must be divisible by the data-parallel size {dp} "
       f"(batch axes of mesh {dict(mesh.shape)}) times microbatches={m}"
     )
-  experiment = load_experiment(config.experiment)
   sources = experiment.data_sources(config)
   if len(sources.train) == 0:
     raise UserError("the training source has no records: every batch would be empty")
   if len(sources.eval) == 0 and config.eval_steps > 0:
-    raise UserError("the held-out source has no records; set data.eval_examples or eval_steps=0")
+    raise UserError(
+      "the held-out source has no records; give the experiment held-out data or set eval_steps=0"
+    )
   tx, schedule = make_optimizer(config.optimizer, config.steps)
   try:
     mdef = state_lib.model_def(functools.partial(experiment.build_model, config))
@@ -111,9 +113,8 @@ def init_state(comp: Components, config) -> state_lib.TrainState:
   return state_lib.init_state(build, comp.mdef, comp.tx, comp.shardings, config.seed)
 
 
-def local_batches(comp: Components, config, split: str = "train") -> pipeline.LocalBatches:
-  """This process's rows of the train (or held-out) global batches, with padding and packing."""
+def local_batches(comp: Components, split: str = "train") -> pipeline.LocalBatches:
+  """This process's rows of the train (or held-out) global batches, made by the experiment."""
   rows = pipeline.process_rows(comp.batch_sharding, comp.plan.global_batch_size)
   source, plan = (comp.sources.train, comp.plan) if split == "train" else (comp.sources.eval, comp.eval_plan)
-  eos_id = comp.sources.eos_id if config.data.packing else None
-  return pipeline.LocalBatches(source, plan, rows, config.data.seq_len, comp.sources.pad_id, eos_id)
+  return pipeline.LocalBatches(source, plan, rows, comp.sources.make_batch)

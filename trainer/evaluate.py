@@ -7,16 +7,16 @@ import jax
 import numpy as np
 
 from data import pipeline
+from errors import UserError
 from trainer import checkpointing, components
 from trainer import state as state_lib
-from trainer.errors import UserError
 from trainer.metrics import console, device_label
 from trainer.step import make_eval_step
 
 
 def evaluate(comp: components.Components, eval_step, params, config) -> dict:
   """Held-out loss over `eval_steps` batches: sums and counts added up, divided once."""
-  local = components.local_batches(comp, config, "eval")
+  local = components.local_batches(comp, "eval")
   totals = None
   for t in range(config.eval_steps):
     batch = pipeline.to_global(local(t), comp.batch_sharding, comp.plan.global_batch_size)

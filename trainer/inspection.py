@@ -63,7 +63,7 @@ def report(config, devices=None) -> dict:
         totals[d.id] += _bytes_per_device(leaf)
     return max(totals.values())
 
-  local = components.local_batches(comp, config)
+  local = components.local_batches(comp)
   batch = pipeline.global_spec(local(0), comp.batch_sharding, config.global_batch_size)
   with jax.set_mesh(comp.mesh):
     compiled = make_train_step(comp, config.microbatches).lower(target, batch).compile()

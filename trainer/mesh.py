@@ -8,8 +8,8 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from errors import UserError
 from model.partitioning import logical_to_spec
-from trainer.errors import UserError
 
 AXES = ("data", "fsdp", "tensor")
 
@@ -61,8 +61,8 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
 
 
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
-  """[batch, seq] arrays: rows split over the axes `batch` maps to."""
-  return NamedSharding(mesh, logical_to_spec(("batch", None), rules))
+  """Batch arrays of any rank: rows (the first dimension) split over the axes `batch` maps to."""
+  return NamedSharding(mesh, logical_to_spec(("batch",), rules))
 
 
 def tree_shardings(mesh: Mesh, logical_specs, rules):

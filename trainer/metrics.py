@@ -95,13 +95,15 @@ class MetricsLog:
 
 
 class Window:
-  """What happened since the last logged step: host timings, and the steps' valid-token counts
-  (device scalars, fetched only when the window closes so the loop never waits on them)."""
+  """What happened since the last logged step: host timings, and the steps' valid counts in the
+  experiment's unit (device scalars, fetched only when the window closes so the loop never waits)."""
 
-  def __init__(self):
+  def __init__(self, unit: str):
     self.start = time.time()
+    self.unit = unit  # What the loss's count counts: the experiment's UNIT.
     self.steps, self.data_wait, self.fetch, self.dispatch, self.checkpoint = 0, 0.0, 0.0, 0.0, 0.0
-    self._tokens, self._finite = [], []
+    self.count = 0.0
+    self._counts, self._finite = [], []
 
   def add_step(self, step: int, data_wait_s: float, fetch_s: float, dispatch_s: float, metrics: dict) -> None:
     """data_wait_s: blocked because the next batch was not ready (an input stall); fetch_s: all the
@@ -110,7 +112,7 @@ class Window:
     self.data_wait += data_wait_s
     self.fetch += fetch_s
     self.dispatch += dispatch_s
-    self._tokens.append(metrics["valid_tokens"])
+    self._counts.append(metrics["count"])
     self._finite.append((step, metrics["finite"]))
 
   def first_nonfinite_step(self) -> int | None:
@@ -124,15 +126,16 @@ class Window:
     """(metrics.jsonl row, processes/process_I.jsonl row) for the window ending at `step`."""
     now = time.time()
     elapsed = now - self.start
-    self.tokens = float(sum(jax.device_get(self._tokens)))
+    self.count = float(sum(jax.device_get(self._counts)))
     row = {
       "step": step,
       "time": now,
-      **{k: float(v) for k, v in metrics.items() if k != "finite"},
+      **{k: float(v) for k, v in metrics.items() if k not in ("finite", "count")},
+      f"valid_{self.unit}": float(metrics["count"]),
       "valid_examples": valid_examples,
       "step_time_s": elapsed / self.steps,
       "data_wait_s": self.data_wait / self.steps,
-      "tokens_per_s": self.tokens / elapsed,
+      f"{self.unit}_per_s": self.count / elapsed,
     }
     process_row = {
       "step": step,
@@ -153,8 +156,18 @@ def console(msg: str) -> None:
     print(msg, flush=True)
 
 
-def progress_line(step: int, total: int, loss: float, tokens_per_s: float, eta_s: float) -> str:
+def progress_line(step: int, total: int, loss: float, unit: str, per_s: float, eta_s: float) -> str:
   return (
-    f"step {step}/{total}  loss {loss:.4f}  tokens/s {tokens_per_s:,.0f}  "
+    f"step {step}/{total}  loss {loss:.4f}  {unit}/s {per_s:,.0f}  "
     f"eta {int(eta_s) // 60}m{int(eta_s) % 60:02d}s"
   )
+
+
+def closing_line(step: int, last: dict, eval_row: dict, floor: float | None) -> str:
+  """The run's last line: final step and loss, eval loss, and the floor with the gap where known."""
+  line = f"final step {step}: loss {last['loss']:.4f}"
+  if "eval_loss" in eval_row:
+    line += f"  eval_loss {eval_row['eval_loss']:.4f}"
+  if floor is not None:
+    line += f"  floor {floor:.4f}  gap {last['loss'] - floor:+.4f}"
+  return line

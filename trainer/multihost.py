@@ -7,7 +7,7 @@ import json
 import jax
 from jax._src import distributed
 
-from trainer.errors import UserError
+from errors import UserError
 
 
 def client():

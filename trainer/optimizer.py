@@ -3,7 +3,7 @@
 import jax
 import optax
 
-from trainer.errors import UserError
+from errors import UserError
 
 
 def make_schedule(opt, steps: int) -> optax.Schedule:

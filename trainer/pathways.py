@@ -9,7 +9,7 @@ no TPUs; tests check the missing-package error, the platform switch and the call
 
 import os
 
-from trainer.errors import UserError
+from errors import UserError
 
 # Environment variable that asks for Pathways without the flag (e.g. set in a manifest).
 PATHWAYS_ENV = "PATHWAYS"

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from trainer.errors import UserError
+from errors import UserError
 
 MODES = ("train", "eval", "inspect", "verify")
 

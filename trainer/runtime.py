@@ -6,7 +6,7 @@ import sys
 
 import jax
 
-from trainer.errors import UserError
+from errors import UserError
 
 # Optional overrides of jax.distributed's timeouts (seconds). The local launcher sets short ones so a
 # job whose peer never comes up, or dies, ends in seconds rather than JAX's 300 s / 100 s defaults.

@@ -5,8 +5,10 @@
 | dp       | replicated             | replicated                   | data x fsdp  |
 | zero1    | replicated             | sharded over data x fsdp     | data x fsdp  |
 | fsdp     | `embed` over fsdp      | follows params               | data x fsdp  |
-| fsdp_tp  | `embed` over fsdp; `mlp`, `heads`, `vocab` over tensor | follows params | data x fsdp |
-`sharding.rules` entries replace the preset's entry of the same logical name.
+| fsdp_tp  | `embed` over fsdp; `mlp`, `heads` over tensor | follows params | data x fsdp |
+The presets name the trainer's logical axes only. An experiment's model may use more: its
+LOGICAL_AXES maps each to the trainer name it is sharded like (or None: replicated). `sharding.rules`
+entries then replace the entry of the same logical name.
 """
 
 import math
@@ -15,17 +17,17 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from errors import UserError
 from model.partitioning import logical_to_spec
 from trainer import mesh as mesh_lib
-from trainer.errors import UserError
 
 _BATCH = (("batch", ("data", "fsdp")),)
 # Activations and small weights: replicated unless tensor parallelism names them below.
 _COMMON = (("kv", None), ("norm", None), ("act_seq", None), ("act_embed", None), ("act_kv", None))
-_REPLICATED = (("embed", None), ("mlp", None), ("heads", None), ("vocab", None))
-_NO_TP_ACTS = (("act_heads", None), ("act_mlp", None), ("act_vocab", None))
-_TP = (("mlp", "tensor"), ("heads", "tensor"), ("vocab", "tensor"))
-_TP_ACTS = (("act_heads", "tensor"), ("act_mlp", "tensor"), ("act_vocab", "tensor"))
+_REPLICATED = (("embed", None), ("mlp", None), ("heads", None))
+_NO_TP_ACTS = (("act_heads", None), ("act_mlp", None))
+_TP = (("mlp", "tensor"), ("heads", "tensor"))
+_TP_ACTS = (("act_heads", "tensor"), ("act_mlp", "tensor"))
 
 PRESETS = {
   "dp": _BATCH + _COMMON + _REPLICATED + _NO_TP_ACTS,
@@ -35,11 +37,18 @@ PRESETS = {
 }
 
 
-def resolve_rules(strategy: str, overrides) -> tuple:
-  """The preset for `strategy` with `overrides` ((logical name, mesh axes) pairs) applied."""
+def resolve_rules(strategy: str, overrides, experiment_axes=None) -> tuple:
+  """The preset for `strategy`, extended by the experiment's axes ({name: trainer name it is sharded
+  like, or None}), with `overrides` ((logical name, mesh axes) pairs) applied."""
   if strategy not in PRESETS:
     raise UserError(f"sharding.strategy={strategy!r}: use one of {sorted(PRESETS)}")
   table = dict(PRESETS[strategy])
+  for name, like in (experiment_axes or {}).items():
+    if name in table:
+      raise UserError(f"LOGICAL_AXES: {name!r} is one of the trainer's axes; change it with sharding.rules")
+    if like is not None and like not in table:
+      raise UserError(f"LOGICAL_AXES: {name!r} is sharded like {like!r}, which is not one of {sorted(table)}")
+    table[name] = None if like is None else table[like]
   for entry in overrides:
     if len(entry) != 2:
       raise UserError(f"sharding.rules entry {entry!r}: expected (logical name, mesh axes)")

@@ -12,17 +12,42 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from errors import UserError
 from trainer.state import ModelDef, TrainState
 
 
-def _sums_and_grads(loss_sums, mdef: ModelDef, params, batch, rules):
+def loss_sums_checked(loss_sums, model, batch, rng):
+  """The experiment's loss_sums, with its result checked against the contract while tracing."""
+  out = loss_sums(model, batch, rng)
+  scalar = lambda x: isinstance(x, jax.Array | float | int) and jnp.shape(x) == ()
+  ok = isinstance(out, tuple) and len(out) == 3 and scalar(out[0]) and scalar(out[1])
+  ok = ok and isinstance(out[2], dict) and all(scalar(v) for v in out[2].values())
+  if not ok:
+    got = type(out).__name__ if not isinstance(out, tuple) else f"a tuple of {len(out)}"
+    if isinstance(out, jax.Array):
+      got = f"an array of shape {out.shape}"
+    raise UserError(
+      f"loss_sums must return (loss_sum, count, {{metric: sum}}) with scalar sums over the batch, "
+      f"got {got}: return sums and the valid count, never a mean (experiments/__init__.py)"
+    )
+  return out
+
+
+def _sums_and_grads(loss_sums, mdef: ModelDef, params, batch, rng, rules):
   def f(p):
     with nnx.logical_axis_rules(rules):
-      loss_sum, count, metric_sums = loss_sums(mdef.merge(p), batch)
+      loss_sum, count, metric_sums = loss_sums_checked(loss_sums, mdef.merge(p), batch, rng)
     return loss_sum, (count, metric_sums)
 
   (loss_sum, (count, metric_sums)), grad_sums = jax.value_and_grad(f, has_aux=True)(params)
   return loss_sum, count, metric_sums, grad_sums
+
+
+def example_keys(base_key, step, batch_size: int):
+  """uint32[B, 2]: one key per row of the global batch, from (seed, step, row): the same bits for an
+  example whatever the mesh, process count or microbatch split."""
+  step_key = jax.random.fold_in(base_key, step)
+  return jax.vmap(lambda i: jax.random.fold_in(step_key, i))(jnp.arange(batch_size))
 
 
 def _split_microbatches(batch, m: int):
@@ -38,14 +63,18 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
   micro_sharding = NamedSharding(comp.mesh, P(None, *comp.batch_sharding.spec))
 
   def train_step(state: TrainState, batch):
-    grads_of = lambda mb: _sums_and_grads(loss_sums, mdef, state.params, mb, rules)
+    b = jax.tree.leaves(batch)[0].shape[0]
+    rng = jax.lax.with_sharding_constraint(example_keys(state.rng, state.step, b), comp.batch_sharding)
+    grads_of = lambda mb, r: _sums_and_grads(loss_sums, mdef, state.params, mb, r, rules)
     if microbatches == 1:
-      loss_sum, count, metric_sums, grad_sums = grads_of(batch)
+      loss_sum, count, metric_sums, grad_sums = grads_of(batch, rng)
     else:
-      micro = jax.lax.with_sharding_constraint(_split_microbatches(batch, microbatches), micro_sharding)
+      micro = jax.lax.with_sharding_constraint(
+        _split_microbatches((batch, rng), microbatches), micro_sharding
+      )
       first = jax.tree.map(lambda x: x[0], micro)
-      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grads_of, first))
-      add = lambda carry, mb: (jax.tree.map(jnp.add, carry, grads_of(mb)), None)
+      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grads_of, *first))
+      add = lambda carry, mb: (jax.tree.map(jnp.add, carry, grads_of(*mb)), None)
       (loss_sum, count, metric_sums, grad_sums), _ = jax.lax.scan(add, zeros, micro)
     # Divide once, by the global count (the host has rejected a globally empty batch).
     grads = jax.tree.map(lambda g: g / count, grad_sums)
@@ -53,9 +82,10 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
     params = optax.apply_updates(state.params, updates)
     metrics = {
       "loss": loss_sum / count,
-      "valid_tokens": count,
+      "count": count,
       "grad_norm": optax.tree.norm(grads),
-      "finite": jnp.isfinite(loss_sum) & jnp.isfinite(optax.tree.norm(grad_sums)),
+      # A count of 0 divides 0 by 0: the parameters would turn NaN while the sums stay finite.
+      "finite": jnp.isfinite(loss_sum) & jnp.isfinite(optax.tree.norm(grad_sums)) & (count > 0),
       "learning_rate": comp.schedule(state.step),
       **{k: v / count for k, v in metric_sums.items()},
     }
@@ -78,7 +108,7 @@ def make_eval_step(comp):
 
   def eval_step(params, batch):
     with nnx.logical_axis_rules(rules):
-      loss_sum, count, metric_sums = loss_sums(mdef.merge(params), batch)
+      loss_sum, count, metric_sums = loss_sums_checked(loss_sums, mdef.merge(params), batch, None)
     return {"loss": loss_sum, "count": count, **metric_sums}
 
   return jax.jit(eval_step, in_shardings=(comp.shardings.params, comp.batch_sharding))

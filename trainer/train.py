@@ -7,11 +7,11 @@ import time
 import jax
 
 from data import pipeline
+from errors import UserError
 from trainer import checkpointing, components, multihost
 from trainer import state as state_lib
-from trainer.errors import UserError
 from trainer.evaluate import evaluate
-from trainer.metrics import MetricsLog, Window, console, device_label, progress_line
+from trainer.metrics import MetricsLog, Window, closing_line, console, device_label, progress_line
 from trainer.preemption import Preemption
 from trainer.step import make_eval_step, make_train_step
 from trainer.watchdog import Watchdog
@@ -80,7 +80,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
 
   # --- Compile ahead of time, so compile time is measured apart from step time.
   t0 = time.time()
-  local_batches = components.local_batches(comp, config)
+  local_batches = components.local_batches(comp)
   batch_spec = pipeline.global_spec(local_batches(start + batch_offset), comp.batch_sharding, b)
   train_step = make_train_step(comp, config.microbatches)
   eval_step = make_eval_step(comp)
@@ -100,7 +100,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
     return pipeline.DevicePrefetch(it, comp.batch_sharding, b, depth=d.prefetch)
 
   batches, preemption = open_batches(start), Preemption()
-  window, last, eval_row, tokens_seen, rollbacks = Window(), {}, {}, 0.0, 0
+  unit = comp.experiment.UNIT
+  window, last, eval_row, counted, rollbacks = Window(unit), {}, {}, 0.0, 0
   step = start
   try:
     while step < last_step:
@@ -108,10 +109,11 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
       t0 = time.time()
       t, local, batch = next(batches)
       assert t == step + batch_offset, (t, step, batch_offset)  # The data position is the step.
-      # A globally empty batch never reaches the devices. Rows are known globally from the plan; tokens
-      # are known here only for this process's rows (with several processes, 0/0 shows as NaN below).
+      # A globally empty batch never reaches the devices. Rows are known globally from the plan; weights
+      # are known here only for this process's rows (with several processes, a count of 0 shows as a
+      # non-finite step below).
       if comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
-        raise UserError(f"global batch {t} has no valid examples or tokens; refusing an empty step")
+        raise UserError(f"global batch {t} has no valid examples (all weights 0); refusing an empty step")
       t1 = time.time()
       state, metrics = train_step(state, batch)
       step += 1
@@ -129,8 +131,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
         lo = step - window.steps + 1
         if config.checkpoint.on_nonfinite != "rollback" or rollbacks >= config.checkpoint.max_rollbacks:
           raise UserError(
-            f"loss or gradient norm is NaN/Inf at step {bad} (window {lo}..{step}; or its batch had no "
-            f"valid tokens); lower optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback"
+            f"loss or gradient norm is NaN/Inf at step {bad} (window {lo}..{step}; or its batch had no valid "
+            f"weight); lower optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback"
           )
         rollbacks += 1
         batches.close()
@@ -145,7 +147,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
         event = {"step": good, "time": time.time(), "event": "nonfinite_rollback", "nonfinite_step": bad}
         log.write({**event, "skipped_batches": [good + old_offset, bad - 1 + old_offset]})
         console(f"step {bad}: NaN/Inf; rolled back to step {good}, skipping {bad - good} batches")
-        step, window = good, Window()
+        step, window = good, Window(unit)
         batches = open_batches(step)
         continue
 
@@ -157,8 +159,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
         for record in [process_row, *ckpt.drain()]:
           log.write_process(record)
         eta = (config.steps - step) * row["step_time_s"]
-        console(progress_line(step, config.steps, row["loss"], row["tokens_per_s"], eta))
-        last, tokens_seen, window = row, tokens_seen + window.tokens, Window()
+        console(progress_line(step, config.steps, row["loss"], unit, row[f"{unit}_per_s"], eta))
+        last, counted, window = row, counted + window.count, Window(unit)
 
       if save_now:
         watchdog.beat("checkpoint", step)
@@ -196,7 +198,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
     **eval_row,
     "loss_floor": comp.sources.loss_floor,
     "examples_seen": comp.plan.examples_before(step + batch_offset),
-    "tokens_trained_this_run": tokens_seen,
+    f"{unit}_trained_this_run": counted,
     "nonfinite_rollbacks": rollbacks,
     "preempted_by": preemption.received,
     "wall_s": time.time() - t_start,
@@ -209,7 +211,6 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
   multihost.barrier("end_of_training", timeout_s=config.watchdog.step_timeout_s)
   if preemption.received:
     console(f"preempted ({preemption.received}): saved checkpoint {step}; run the same command to resume")
-  floor = comp.sources.loss_floor
-  if last and floor is not None and step == config.steps:
-    console(f"final loss {last['loss']:.4f}  entropy floor {floor:.4f}  gap {last['loss'] - floor:+.4f} nats")
+  if last and step == config.steps:
+    console(closing_line(step, last, eval_row, comp.sources.loss_floor))
   return summary

@@ -16,9 +16,9 @@ import jax
 import numpy as np
 
 from data import pipeline
+from errors import UserError
 from trainer import components
 from trainer import state as state_lib
-from trainer.errors import UserError
 from trainer.metrics import console, device_label
 from trainer.step import make_train_step
 
@@ -70,7 +70,7 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   theta0 = jax.device_get(state.params)
   step_mesh = make_train_step(sharded, config.microbatches, with_grads=True)
   step_one = make_train_step(single, config.microbatches, with_grads=True)
-  local = components.local_batches(sharded, config)
+  local = components.local_batches(sharded)
 
   console(
     f"verify: {device_label()} on mesh {dict(sharded.mesh.shape)}, strategy "

@@ -1,9 +1,9 @@
 """A real single-node SLURM on this machine, for tests of launch/slurm/train.sbatch.
 
-  with local_cluster.running() as env:  # The environment for sbatch, squeue, ...: SLURM_CONF is set.
+  with slurm_cluster.running() as env:  # The environment for sbatch, squeue, ...: SLURM_CONF is set.
     subprocess.run(["sbatch", "--wait", ...], env=env, timeout=...)
 
-  python launch/slurm/local_cluster.py [--install]   # says whether SLURM can run here, and if not why
+  python tests/slurm_cluster.py [--install]   # says whether SLURM can run here, and if not why
 
 Everything lives in one temporary folder: a fresh munge key and a private munge socket (a system
 munged, if any, is left alone), slurm.conf, state, spool and logs. The daemons run in the foreground
@@ -124,7 +124,7 @@ def _node_name() -> str:
 def slurm_conf(d: str, node: str, cpus: int, ctld_port: int, slurmd_port: int) -> str:
   user = getpass.getuser()
   return f"""\
-# A single-node cluster on 127.0.0.1 for tests; written by launch/slurm/local_cluster.py.
+# A single-node cluster on 127.0.0.1 for tests; written by tests/slurm_cluster.py.
 ClusterName=localtest
 SlurmctldHost={node}(127.0.0.1)
 SlurmUser={user}

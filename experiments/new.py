@@ -1,0 +1,81 @@
+"""Fork an experiment: copy a working one and its config under a new name.
+
+  python -m experiments.new NAME --from=lm|vit [--config=configs/START.py]
+
+writes experiments/NAME.py (a copy of experiments/FROM.py, or of the folder experiments/FROM/) and
+configs/NAME.py (a copy of FROM's smoke config, pointed at NAME), then prints what to run next.
+Nothing else changes: the trainer and the other experiments are left as they are.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The config each shipped experiment is forked with: its smoke config on 8 logical CPU devices.
+START_CONFIGS = {"lm": "configs/smoke_cpu.py", "vit": "configs/vit_smoke_cpu.py"}
+RESERVED = {"new", "base"}
+
+
+def fork(name: str, source: str, config: str | None = None, repo: str = REPO) -> list[str]:
+  """Copies experiment `source` and its config to `name`; returns the new paths (relative to repo)."""
+  if not re.fullmatch(r"[a-z_][a-z0-9_]*", name) or name in RESERVED:
+    raise ValueError(f"NAME={name!r}: use a lower-case Python identifier other than {sorted(RESERVED)}")
+  exp_dir = os.path.join(repo, "experiments")
+  module, folder = os.path.join(exp_dir, f"{source}.py"), os.path.join(exp_dir, source)
+  if not (os.path.isfile(module) or os.path.isfile(os.path.join(folder, "__init__.py"))):
+    raise ValueError(f"--from={source}: no experiments/{source}.py or experiments/{source}/")
+  config = config or START_CONFIGS.get(source) or f"configs/{source}.py"
+  if not os.path.isfile(os.path.join(repo, config)):
+    raise ValueError(f"no start config {config} for --from={source}: pass --config=configs/START.py")
+  new_config = f"configs/{name}.py"
+  targets = [f"experiments/{name}.py" if os.path.isfile(module) else f"experiments/{name}/", new_config]
+  for target in targets:
+    if os.path.exists(os.path.join(repo, target)):
+      raise ValueError(f"{target} exists already: choose another NAME")
+  with open(os.path.join(repo, config)) as f:
+    text = f.read()
+  call = re.compile(rf"""base\.get_config\((["']){re.escape(source)}\1\)""")
+  if not call.search(text):
+    raise ValueError(f"{config} does not call base.get_config({source!r}): pass the config of {source}")
+  text = call.sub(f'base.get_config("{name}")', text)
+  text = text.replace(config, new_config)
+  text = re.sub(r"--workdir=runs/\w+", f"--workdir=runs/{name}", text)
+  # The first docstring line described the original; say where this one came from instead.
+  text = re.sub(
+    r'\A"""[^\n]*', f'"""{name}: forked from {config} and experiments/{source}; describe it here.', text
+  )
+  if os.path.isfile(module):
+    shutil.copyfile(module, os.path.join(repo, targets[0]))
+  else:
+    shutil.copytree(folder, os.path.join(repo, targets[0]), ignore=shutil.ignore_patterns("__pycache__"))
+  with open(os.path.join(repo, new_config), "w") as f:
+    f.write(text)
+  return targets
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m experiments.new", description=__doc__.split("\n\n")[0])
+  parser.add_argument("name", help="the new experiment's name, e.g. mine")
+  parser.add_argument("--from", dest="source", required=True, help="the experiment to copy: lm, vit, ...")
+  parser.add_argument("--config", help="the config to copy (default: the experiment's smoke config)")
+  args = parser.parse_args(argv)
+  try:
+    paths = fork(args.name, args.source, args.config)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  config = paths[1]
+  run = f".venv/bin/python main.py --cpu_devices=8 --config={config}"
+  print(f"wrote {' and '.join(paths)}. Next:")
+  print(f"  {run}:tiny --workdir=runs/{args.name}_pulse                # 2 steps")
+  print(f"  {run}:tiny --workdir=runs/{args.name}_verify --mode=verify # the objective")
+  print(f"  {run} --workdir=runs/{args.name}")
+  print("then change loss_sums, build_model or data_sources (WORKSPACE.md, 'Fork an experiment').")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,81 @@
+"""Layers the models share, in Flax NNX, each parameter with logical axis names: RMSNorm, RoPE,
+multi-head attention (causal or not, with or without RoPE), SwiGLU.
+
+Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from model.partitioning import constrain
+
+_init = nnx.initializers
+
+
+def param(rngs, init, shape, axes):
+  return nnx.Param(init(rngs.params(), shape, jnp.float32), out_sharding=axes)
+
+
+class RMSNorm(nnx.Module):
+  def __init__(self, dim: int, *, rngs: nnx.Rngs, eps: float = 1e-6):
+    self.scale = param(rngs, _init.ones, (dim,), ("norm",))
+    self.eps = eps
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale[...]).astype(x.dtype)
+
+
+def rope(x, positions, base: float):
+  """Rotary embedding on [B, L, H, K] with positions [B, L]."""
+  half = x.shape[-1] // 2
+  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [K/2]
+  angle = positions[..., None, None].astype(jnp.float32) * freq  # [B, L, 1, K/2]
+  sin, cos = jnp.sin(angle), jnp.cos(angle)
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  def __init__(self, dim: int, num_heads: int, rope_base: float = 10_000.0, *, rngs: nnx.Rngs):
+    head_dim = dim // num_heads
+    w = _init.lecun_normal(in_axis=0, out_axis=(1, 2))
+    self.wq = param(rngs, w, (dim, num_heads, head_dim), ("embed", "heads", "kv"))
+    self.wk = param(rngs, w, (dim, num_heads, head_dim), ("embed", "heads", "kv"))
+    self.wv = param(rngs, w, (dim, num_heads, head_dim), ("embed", "heads", "kv"))
+    wo = _init.lecun_normal(in_axis=(0, 1), out_axis=2)
+    self.wo = param(rngs, wo, (num_heads, head_dim, dim), ("heads", "kv", "embed"))
+    self.rope_base = rope_base
+
+  def __call__(self, x, positions=None, mask=None):
+    """x [B, L, D]; positions [B, L] for RoPE (None: no RoPE); mask [B, L, L] (None: attend to all)."""
+    dt = x.dtype
+    q = jnp.einsum("bld,dhk->blhk", x, self.wq[...].astype(dt))
+    k = jnp.einsum("bld,dhk->blhk", x, self.wk[...].astype(dt))
+    v = jnp.einsum("bld,dhk->blhk", x, self.wv[...].astype(dt))
+    q = constrain(q, ("batch", "act_seq", "act_heads", "act_kv"))
+    if positions is not None:
+      q, k = rope(q, positions, self.rope_base), rope(k, positions, self.rope_base)
+    # Scores and softmax in float32 whatever the compute dtype: [B, H, L, L].
+    scores = jnp.einsum("blhk,bmhk->bhlm", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
+    if mask is not None:
+      scores = jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("bhlm,bmhk->blhk", probs, v)
+    return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))
+
+
+class SwiGLU(nnx.Module):
+  def __init__(self, dim: int, hidden: int, *, rngs: nnx.Rngs):
+    w = _init.lecun_normal()
+    self.gate = param(rngs, w, (dim, hidden), ("embed", "mlp"))
+    self.up = param(rngs, w, (dim, hidden), ("embed", "mlp"))
+    self.down = param(rngs, w, (hidden, dim), ("mlp", "embed"))
+
+  def __call__(self, x):
+    dt = x.dtype
+    h = jax.nn.silu(x @ self.gate[...].astype(dt)) * (x @ self.up[...].astype(dt))  # [B, L, F]
+    h = constrain(h, ("batch", "act_seq", "act_mlp"))
+    return h @ self.down[...].astype(dt)

@@ -1,0 +1,118 @@
+"""The experiment contract is checked, not assumed, and the trainer knows no experiment's concepts."""
+
+import functools
+import glob
+import os
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import experiments
+from data.pipeline import PAD, BatchPlan, LocalBatches
+from errors import UserError
+from experiments import lm
+from tests.conftest import REPO, run_main, tiny_config
+from trainer import components
+from trainer.train import train
+
+LM_WORDS = re.compile(r"token|seq_len|vocab|\bpad\b|pad_id|\beos", re.IGNORECASE)
+
+
+def test_the_trainer_knows_no_language_model_concept():
+  hits = []
+  for path in glob.glob(os.path.join(REPO, "trainer", "*.py")):
+    with open(path) as f:
+      hits += [
+        f"{os.path.basename(path)}:{i}: {line.strip()}"
+        for i, line in enumerate(f, 1)
+        if LM_WORDS.search(line)
+      ]
+  assert not hits, "\n".join(hits)
+
+
+def test_no_python_file_is_over_400_lines():
+  paths = glob.glob(os.path.join(REPO, "**", "*.py"), recursive=True)
+  long = [p for p in paths if ".venv" not in p and "/runs/" not in p and sum(1 for _ in open(p)) > 400]
+  assert not long, long
+
+
+def test_an_experiment_is_named_by_module_or_path():
+  for name in (
+    "lm",
+    "experiments.lm",
+    "experiments/lm.py",
+    "experiments/lm/",
+    os.path.join(REPO, "experiments/lm.py"),
+  ):
+    assert experiments.module_name(name) == "lm", name
+  with pytest.raises(UserError, match=r"no experiments/nope.py \(available: lm, vit"):
+    experiments.load("experiments/nope.py")
+  with pytest.raises(UserError, match="lives in experiments/"):
+    experiments.load("elsewhere/mine.py")
+
+
+def test_a_missing_name_of_the_contract_is_named(monkeypatch):
+  monkeypatch.delattr(lm, "UNIT")
+  monkeypatch.delattr(lm, "check_config")
+  with pytest.raises(UserError, match="lacks UNIT, check_config of the experiment contract"):
+    experiments.load("lm")
+
+
+def test_a_config_built_for_another_experiment_is_refused():
+  with pytest.raises(
+    UserError, match=r"experiment='vit' needs config keys data.image_size.*get_config\('vit'\)"
+  ):
+    components.build(tiny_config(experiment="vit"))
+
+
+@pytest.mark.parametrize(
+  "returns, fragment",
+  [
+    (lambda xent, w: (jnp.mean(xent * w), jnp.float32(1.0)), "a tuple of 2"),
+    (lambda xent, w: jnp.sum(xent * w), "array of shape ()"),
+    (lambda xent, w: (jnp.sum(xent * w, axis=1), jnp.sum(w), {}), "a tuple of 3"),
+  ],
+)
+def test_loss_sums_that_breaks_the_contract_is_one_user_error(tmp_path, monkeypatch, returns, fragment):
+  def broken(model, batch, rng):
+    logits = model(batch["inputs"])
+    xent = -jnp.take_along_axis(logits, batch["targets"][..., None], axis=-1)[..., 0]
+    return returns(xent, batch["weights"])
+
+  monkeypatch.setattr(lm, "loss_sums", broken)
+  with pytest.raises(
+    UserError, match=rf"loss_sums must return \(loss_sum, count, \{{metric: sum\}}\).*{re.escape(fragment)}"
+  ):
+    train(tiny_config(steps=1), str(tmp_path))
+
+
+def test_make_batch_must_zero_the_weights_of_padding_rows():
+  source = [{"tokens": np.arange(5, dtype=np.int32)} for _ in range(3)]
+  plan = BatchPlan(3, 4, seed=0)  # 3 records in a batch of 4: the last row is padding.
+  assert plan.record_ids(0)[-1] == PAD
+  good = LocalBatches(source, plan, (0, 4), functools.partial(lm.make_batch, pad_id=None, eos_id=None))
+  np.testing.assert_array_equal(good(0)["weights"].sum(axis=1), [4, 4, 4, 0])
+
+  def counts_padding(records, valid):
+    return {"inputs": records["tokens"], "weights": np.ones((len(valid), 5), np.float32)}
+
+  with pytest.raises(UserError, match="non-zero weights on padding rows"):
+    LocalBatches(source, plan, (0, 4), counts_padding)(0)
+  with pytest.raises(UserError, match="includes 'weights'"):
+    LocalBatches(source, plan, (0, 4), lambda records, valid: {"inputs": records["tokens"]})(0)
+
+
+def test_an_experiment_given_as_a_path_trains(tmp_path):
+  summary = train(tiny_config(steps=1, experiment="experiments/lm.py"), str(tmp_path))
+  assert summary["final_step"] == 1 and summary["tokens_trained_this_run"] == 16 * 16
+
+
+def test_a_missing_experiment_is_one_error_line(tmp_path):
+  result = run_main(
+    "--config=configs/smoke_cpu.py:tiny", f"--workdir={tmp_path}", "--config.experiment=experiments/mine.py"
+  )
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert result.returncode == 2 and len(errors) == 1, result.stderr
+  assert "no experiments/mine.py" in errors[0] and "Traceback" not in result.stderr

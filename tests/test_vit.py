@@ -1,0 +1,136 @@
+"""The second experiment, not a language model: a ViT on gratings trains, keeps dropout independent
+of how the batch is split, follows one process's trajectory in two processes, and resumes bitwise."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from model.vit import ViT
+from tests.conftest import REPO, read_jsonl, train_losses
+
+STEPS = 16
+FLAGS = [
+  "--config=configs/vit_smoke_cpu.py:tiny,batch=32",
+  f"--config.steps={STEPS}",
+  "--config.checkpoint.every=4",
+  "--config.eval_steps=2",
+]
+
+
+def test_dropout_masks_depend_on_the_example_only():
+  """An example's output is the same alone or in a batch: its random bits come from its own key, so
+  they cannot depend on which device or microbatch holds it."""
+  with nnx.use_eager_sharding(False):
+    model = ViT(
+      image_size=8,
+      channels=1,
+      patch_size=4,
+      num_classes=4,
+      embed_dim=16,
+      num_layers=1,
+      num_heads=2,
+      mlp_dim=32,
+      dropout=0.5,
+      compute_dtype="float32",
+      rngs=nnx.Rngs(0),
+    )
+  images = jax.random.normal(jax.random.PRNGKey(1), (3, 8, 8, 1))
+  keys = jax.random.split(jax.random.PRNGKey(2), 3)
+  together = model(images, keys)
+  alone = model(images[1:2], keys[1:2])
+  np.testing.assert_allclose(together[1], alone[0], rtol=1e-6, atol=1e-6)
+  assert not np.allclose(together[1], model(images[1:2])[0], atol=1e-4)  # Dropout is on.
+  np.testing.assert_array_equal(model(images), model(images))  # None: deterministic evaluation.
+
+
+def _main(*argv, main="main.py"):
+  cmd = [sys.executable, *([main] if isinstance(main, str) else main), *argv]
+  return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc, timeout=240):
+  try:
+    return proc.communicate(timeout=timeout)[0]
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("vit_one")
+  proc = _main("--cpu_devices=8", *FLAGS, f"--workdir={workdir}")
+  out = _finish(proc)
+  assert proc.returncode == 0, out
+  return str(workdir), out
+
+
+def test_vit_trains_and_closes_without_a_loss_floor(straight):
+  workdir, out = straight
+  rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
+  assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+  assert rows[0]["valid_images"] == 32 and rows[0]["images_per_s"] > 0  # Named by the experiment's unit.
+  assert np.mean([r["loss"] for r in rows[-4:]]) < np.mean([r["loss"] for r in rows[:4]])
+  closing = out.strip().splitlines()[-1]
+  assert (
+    closing.startswith(f"final step {STEPS}: loss ") and "eval_loss" in closing and "floor" not in closing
+  )
+
+
+@pytest.mark.slow
+def test_two_processes_follow_one_process(straight, tmp_path):
+  launcher = [os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=4", "--"]
+  proc = _main(*FLAGS, f"--workdir={tmp_path}", main=launcher)
+  out = _finish(proc)
+  assert proc.returncode == 0, out
+  one, two = train_losses(straight[0]), train_losses(str(tmp_path))
+  assert sorted(two) == list(range(1, STEPS + 1))
+  for s in one:
+    assert abs(two[s] - one[s]) <= 1e-5 * abs(one[s]), (s, two[s], one[s])
+
+
+@pytest.mark.slow
+def test_kill_and_resume_is_bitwise(straight, tmp_path):
+  workdir = str(tmp_path)
+  # Each save's background write is held open 1 s, so the run is still going when it is killed.
+  proc = _main("--cpu_devices=8", *FLAGS, f"--workdir={workdir}", main=["tests/main_pausing_saves.py", "1"])
+  try:
+    deadline = time.time() + 120
+    while not os.path.isdir(os.path.join(workdir, "checkpoints", "8")) and time.time() < deadline:
+      assert proc.poll() is None, proc.stdout.read()
+      time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+  finally:
+    _finish(proc)
+  assert proc.returncode == -signal.SIGKILL
+  proc = _main("--cpu_devices=8", *FLAGS, f"--workdir={workdir}")
+  out = _finish(proc)
+  assert proc.returncode == 0 and "resumed from checkpoint 8" in out, out
+  rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
+  assert [r["batch"] for r in rows] == list(range(STEPS))  # Each global batch exactly once.
+  assert train_losses(workdir) == train_losses(straight[0])  # Bitwise, dropout included.
+
+
+def test_a_rank_one_label_array_is_sharded_like_the_batch():
+  """[B] arrays (labels, weights) take the batch sharding: rows over the batch axes."""
+  from trainer import mesh as mesh_lib
+
+  mesh = mesh_lib.make_mesh(_mesh_cfg(), jax.devices())
+  sharding = mesh_lib.batch_sharding(mesh, (("batch", ("data", "fsdp")),))
+  labels = jax.device_put(jnp.arange(8), sharding)
+  assert {s.data.shape for s in labels.addressable_shards} == {(2,)}
+
+
+def _mesh_cfg():
+  import ml_collections
+
+  return ml_collections.ConfigDict({"data": 2, "fsdp": 2, "tensor": 2, "dcn_data": 1, "dcn_fsdp": 1})

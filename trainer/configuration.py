@@ -1,0 +1,96 @@
+"""How a config is put together: the trainer's keys (configs/base.py) plus an experiment's own keys,
+locked; and the short config arguments of `--config=configs/NAME.py:tiny,fsdp=8`.
+
+The helpers live here so that config files stay values only.
+"""
+
+import ml_collections
+
+import experiments
+from errors import UserError
+
+# What `:tiny` does to the trainer's keys: a pulse of a few steps on 8 logical CPU devices, with
+# checkpoints and one evaluation batch. The experiment's TINY shrinks its model and data on top.
+TINY = {
+  "steps": 2,
+  "global_batch_size": 16,
+  "log_every": 1,
+  "eval_every": 0,
+  "eval_steps": 1,
+  "checkpoint.every": 2,
+  "data.read_threads": 0,
+  "data.worker_processes": 0,
+  "optimizer.warmup_steps": 2,
+}
+MESH_ARGS = ("data", "fsdp", "tensor")  # `fsdp=8`: these axes as given, the others 1, `data` the rest.
+ARGS = {"steps": "steps", "batch": "global_batch_size", "strategy": "sharding.strategy"}
+
+
+def with_experiment(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """`c` plus the experiment's default_config(), locked. Its keys may add to the trainer's sections
+  (data, model, ...) but never redefine a trainer key."""
+  module = experiments.load(name)
+  c.experiment = experiments.module_name(name)
+  _merge(c, module.default_config(), f"experiments/{c.experiment}.py", "")
+  c.lock()
+  return c
+
+
+def _merge(into, extra, origin: str, prefix: str) -> None:
+  for key, value in extra.items():
+    if isinstance(value, ml_collections.ConfigDict) and isinstance(into.get(key), ml_collections.ConfigDict):
+      _merge(into[key], value, origin, f"{prefix}{key}.")
+    elif key in into:
+      raise UserError(f"{origin} default_config() redefines {prefix}{key}, a key of configs/base.py")
+    else:
+      into[key] = value
+
+
+def keys(c, prefix: str = "") -> set[str]:
+  """Every dotted key of a (nested) config."""
+  out = set()
+  for k, v in c.items():
+    out |= keys(v, f"{prefix}{k}.") if isinstance(v, ml_collections.ConfigDict) else {f"{prefix}{k}"}
+  return out
+
+
+def set_key(c, dotted: str, value) -> None:
+  node = c
+  *path, leaf = dotted.split(".")
+  for p in path:
+    node = node[p]
+  node[leaf] = value
+
+
+def apply_args(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+  """Applies a config file's argument: comma-separated `tiny`, `data=N`, `fsdp=N`, `tensor=N`,
+  `steps=N`, `batch=N` (global batch size) and `strategy=NAME`. Mesh axes named set the mesh: the
+  others become 1, and `data` (unless named) takes the remaining devices (-1)."""
+  mesh = {}
+  for item in filter(None, (a.strip() for a in (arg or "").split(","))):
+    name, _, value = item.partition("=")
+    if item == "tiny":
+      microbatches = min(c.microbatches, 2)
+      for key, v in {**TINY, **experiments.load(c.experiment).TINY}.items():
+        set_key(c, key, v)
+      c.microbatches = microbatches
+    elif name in MESH_ARGS and value:
+      mesh[name] = _int(item, value)
+    elif name in ARGS and value:
+      set_key(c, ARGS[name], value if name == "strategy" else _int(item, value))
+    else:
+      raise UserError(
+        f"config argument {item!r}: use a comma-separated list of tiny, "
+        f"{', '.join(f'{a}=N' for a in MESH_ARGS)}, steps=N, batch=N, strategy=NAME"
+      )
+  if mesh:
+    for axis in MESH_ARGS:
+      c.mesh[axis] = mesh.get(axis, -1 if axis == "data" else 1)
+  return c
+
+
+def _int(item: str, value: str) -> int:
+  try:
+    return int(value)
+  except ValueError:
+    raise UserError(f"config argument {item!r}: {value!r} is not a whole number") from None
