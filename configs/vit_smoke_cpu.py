@@ -16,7 +16,7 @@ from trainer import configuration
 
 def get_config(arg=None):
   c = base.get_config("vit")
-  c.steps = 1_500
+  c.steps = 2_500
   c.global_batch_size = 128
   c.log_every = 50
   c.eval_every = 250

@@ -20,6 +20,12 @@ import numpy as np
 from errors import UserError
 
 PAD = -1  # Record id of a padding row.
+_ORDER_STREAM = 0x6F72646572  # 'order'
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+  """A 32-bit shuffle seed for one epoch, hashed from (seed, epoch)."""
+  return int(np.random.SeedSequence([seed, _ORDER_STREAM, epoch]).generate_state(1)[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,19 +41,21 @@ class BatchPlan:
   def batches_per_epoch(self) -> int:
     return math.ceil(self.num_records / self.global_batch_size)
 
-  def _order(self) -> grain.MapDataset:
-    # Indexing past the end continues into the next epoch, reshuffled with the epoch in the seed.
+  def _order(self, epoch: int) -> grain.MapDataset:
+    """The record order of one epoch, shuffled with a seed hashed from (seed, epoch) on a stream of its
+    own: epoch e of seed s never repeats another (seed, epoch)'s order, and the order shares no random
+    stream with whatever the seed also builds (a synthetic task, the init)."""
     ds = grain.MapDataset.range(self.num_records)
-    return ds.shuffle(seed=self.seed) if self.shuffle else ds
+    return ds.shuffle(seed=epoch_seed(self.seed, epoch)) if self.shuffle else ds
 
   def record_ids(self, t: int) -> np.ndarray:
     """int64[global_batch_size]: record ids of global batch t, PAD for padding rows."""
     epoch, k = divmod(t, self.batches_per_epoch)
     start = k * self.global_batch_size
     stop = min(start + self.global_batch_size, self.num_records)
-    order = self._order()
+    order = self._order(epoch)
     ids = np.full(self.global_batch_size, PAD, np.int64)
-    ids[: stop - start] = [order[epoch * self.num_records + j] for j in range(start, stop)]
+    ids[: stop - start] = [order[j] for j in range(start, stop)]
     return ids
 
   def examples_before(self, t: int) -> int:

@@ -59,7 +59,8 @@ class Attention(nnx.Module):
     if positions is not None:
       q, k = rope(q, positions, self.rope_base), rope(k, positions, self.rope_base)
     # Scores and softmax in float32 whatever the compute dtype: [B, H, L, L].
-    scores = jnp.einsum("blhk,bmhk->bhlm", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
+    # preferred_element_type: the products accumulate and come out in float32, never rounded to bf16.
+    scores = jnp.einsum("blhk,bmhk->bhlm", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(q.shape[-1])
     if mask is not None:
       scores = jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)

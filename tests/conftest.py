@@ -3,8 +3,15 @@
 import os
 import subprocess
 import sys
+import tempfile
 
-import jax
+# One persistent compilation cache for the whole session, this process and every main.py it starts
+# (they inherit the environment): the same tiny steps compile once, not once per test.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="test_jax_cache_"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+import jax  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)

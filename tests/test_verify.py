@@ -1,42 +1,102 @@
-"""--mode=verify prints a per-group table, passes for the real step and fails for a broken loss."""
+"""--mode=verify passes for the real experiments on several meshes with microbatches, and FAILs,
+naming the broken property, for the classic mistakes a fork makes in its loss."""
 
 import json
 import os
 
 import jax
 import jax.numpy as jnp
+import optax
+import pytest
 
 from experiments import lm
 from tests.conftest import TINY_FLAGS, run_main, tiny_config
 from trainer.verify import verify
 
+PROPERTIES = ("additivity", "padding_inert", "one_division", "device_count")
 
-def test_verify_cli_prints_the_table_and_passes(tmp_path):
+
+def test_verify_cli_prints_every_property_and_passes(tmp_path):
   result = run_main("--mode=verify", f"--workdir={tmp_path}", "--cpu_devices=8", *TINY_FLAGS)
   assert result.returncode == 0, result.stderr
   out = result.stdout
   assert "logical CPU devices" in out and "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out
-  assert "grad_ratio" in out and "param_ratio" in out and "verify: PASS" in out
+  assert "step 2 with 5 valid" in out  # One device's rows partly padding, two devices' only padding.
+  for prop in PROPERTIES:
+    assert any(line.startswith(prop) and "PASS" in line for line in out.splitlines()), prop
   for group in ("blocks/0/attn", "blocks/0/mlp", "embed", "unembed"):
-    assert f"   3  {group} " in out, group
+    assert f"mesh_vs_one       3  {group} " in out, group
+  assert out.strip().endswith("verify: PASS")
   with open(os.path.join(tmp_path, "verify.json")) as f:
-    rows = json.load(f)["rows"]
-  assert {r["step"] for r in rows} == {1, 2, 3} and all(r["pass"] for r in rows)
+    report = json.load(f)
+  assert report["verdict"] == "PASS" and report["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert report["compute_dtype"] == "float32" and report["tolerance"] == {
+    "loss_relative": 1e-5,
+    "norm_ratio": 1e-3,
+  }
+  assert {p["name"] for p in report["properties"]} == set(PROPERTIES)
+  assert {r["step"] for r in report["rows"]} == {1, 2, 3} and all(r["pass"] for r in report["rows"])
 
 
-def test_verify_fails_when_the_objective_depends_on_the_device_count(tmp_path, monkeypatch, capsys):
-  """A loss scaled by the number of devices (what summing per-device means does) must FAIL."""
+def _xent(model, batch):
+  logits = model(batch["inputs"])
+  return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]), batch["weights"]
 
-  real = lm.loss_sums
 
-  def broken(model, batch, rng):
-    loss_sum, count, metrics = real(model, batch, rng)
-    devices = jax.sharding.get_abstract_mesh().size  # 8 on the mesh, 1 on the reference device.
-    return loss_sum * jnp.float32(devices), count, metrics
+def _counts_padding(model, batch, rng):
+  xent, _ = _xent(model, batch)
+  return jnp.sum(xent), xent.size, {}
 
-  monkeypatch.setattr(lm, "loss_sums", broken)
-  assert not verify(tiny_config(), str(tmp_path))
-  assert "verify: FAIL" in capsys.readouterr().out
+
+def _local_mean(model, batch, rng):
+  xent, w = _xent(model, batch)
+  return jnp.mean(xent * w), jnp.float32(1.0), {}
+
+
+def _mean_of_microbatch_means(model, batch, rng):  # Each call (one microbatch) returns its mean.
+  xent, w = _xent(model, batch)
+  return jnp.sum(xent * w) / jnp.sum(w), jnp.float32(1.0), {}
+
+
+def _normalized_by_batch_size(model, batch, rng):
+  xent, w = _xent(model, batch)
+  return jnp.sum(xent * w) / w.shape[0], jnp.sum(w), {}
+
+
+def _scaled_by_devices(model, batch, rng):  # What summing per-device means does.
+  xent, w = _xent(model, batch)
+  return jnp.sum(xent * w) * jax.sharding.get_abstract_mesh().size, jnp.sum(w), {}
+
+
+@pytest.mark.parametrize(
+  "loss, broken",
+  [
+    (_counts_padding, "padding_inert"),
+    (_local_mean, "additivity"),
+    (_mean_of_microbatch_means, "additivity"),
+    (_normalized_by_batch_size, "additivity"),
+    (_scaled_by_devices, "device_count"),
+  ],
+  ids=lambda x: getattr(x, "__name__", x),
+)
+def test_verify_fails_for_a_classic_fork_mistake_and_names_it(tmp_path, monkeypatch, capsys, loss, broken):
+  monkeypatch.setattr(lm, "loss_sums", loss)
+  assert not verify(tiny_config(microbatches=2), str(tmp_path), steps=2)
+  lines = capsys.readouterr().out.splitlines()
+  assert any(line.startswith(broken) and "FAIL" in line for line in lines), "\n".join(lines)
+  assert any("what it usually means" in line for line in lines)
+  assert lines[-1].startswith("verify: FAIL (") and broken in lines[-1]
+
+
+@pytest.mark.parametrize("mesh, microbatches", [((8, 1, 1), 2), ((1, 8, 1), 1), ((2, 2, 2), 2)])
+@pytest.mark.parametrize("experiment", ["lm", "vit"])
+def test_verify_passes_for_the_real_experiments(tmp_path, experiment, mesh, microbatches):
+  import runpy
+
+  path = {"lm": "configs/smoke_cpu.py", "vit": "configs/vit_smoke_cpu.py"}[experiment]
+  cfg = runpy.run_path(path)["get_config"](f"tiny,data={mesh[0]},fsdp={mesh[1]},tensor={mesh[2]}")
+  cfg.microbatches = microbatches
+  assert verify(cfg, str(tmp_path), steps=2)
 
 
 def test_a_globally_empty_data_set_is_refused(tmp_path):

@@ -54,6 +54,7 @@ def build(config, devices=None) -> Components:
   if config.steps < 1:
     raise UserError(f"steps={config.steps}: must be at least 1")
   at_least = {
+    "seed": (config.seed, 0),
     "microbatches": (config.microbatches, 1),
     "log_every": (config.log_every, 1),
     "checkpoint.every": (config.checkpoint.every, 1),

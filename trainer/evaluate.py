@@ -10,22 +10,29 @@ from data import pipeline
 from errors import UserError
 from trainer import checkpointing, components
 from trainer import state as state_lib
-from trainer.metrics import console, device_label
+from trainer.metrics import console, device_label, eval_line
 from trainer.step import make_eval_step
 
 
 def evaluate(comp: components.Components, eval_step, params, config) -> dict:
-  """Held-out loss over `eval_steps` batches: sums and counts added up, divided once."""
+  """Held-out loss over up to `eval_steps` batches: sums and counts added up, divided once. Never
+  wraps around: when the held-out set is smaller, each of its examples counts once."""
   local = components.local_batches(comp, "eval")
+  batches = min(config.eval_steps, comp.eval_plan.batches_per_epoch)
   totals = None
-  for t in range(config.eval_steps):
+  for t in range(batches):
     batch = pipeline.to_global(local(t), comp.batch_sharding, comp.plan.global_batch_size)
     with jax.set_mesh(comp.mesh):
       sums = eval_step(params, batch)
     totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
   totals = jax.device_get(totals)
   count = float(totals.pop("count"))
-  return {f"eval_{k}": float(v) / count for k, v in totals.items()}
+  if count == 0:
+    raise UserError(f"the held-out data has no valid elements in its first {batches} batches (all weights 0)")
+  return {
+    **{f"eval_{k}": float(v) / count for k, v in totals.items()},
+    "eval_examples": comp.eval_plan.examples_before(batches),
+  }
 
 
 def evaluate_checkpoint(config, workdir: str) -> dict:
@@ -44,7 +51,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict:
     **evaluate(comp, make_eval_step(comp), state.params, config),
     "devices": device_label(),
   }
-  console(f"checkpoint {step}: eval_loss {row['eval_loss']:.4f} over {config.eval_steps} batches")
+  console(f"checkpoint {step}: {eval_line(row)} over {row['eval_examples']} held-out examples")
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "eval.json"), "w") as f:
       json.dump(row, f, indent=2)

@@ -103,7 +103,7 @@ class Window:
     self.unit = unit  # What the loss's count counts: the experiment's UNIT.
     self.steps, self.data_wait, self.fetch, self.dispatch, self.checkpoint = 0, 0.0, 0.0, 0.0, 0.0
     self.count = 0.0
-    self._counts, self._finite = [], []
+    self._counts, self._unchecked = [], []  # Device scalars: every step's count; (step, finite, count).
 
   def add_step(self, step: int, data_wait_s: float, fetch_s: float, dispatch_s: float, metrics: dict) -> None:
     """data_wait_s: blocked because the next batch was not ready (an input stall); fetch_s: all the
@@ -113,13 +113,15 @@ class Window:
     self.fetch += fetch_s
     self.dispatch += dispatch_s
     self._counts.append(metrics["count"])
-    self._finite.append((step, metrics["finite"]))
+    self._unchecked.append((step, metrics["finite"], metrics["count"]))
 
-  def first_nonfinite_step(self) -> int | None:
-    """The first step in this window whose loss or gradient norm was NaN or Inf (fetches flags)."""
-    flags = jax.device_get([f for _, f in self._finite])
-    bad = [step for (step, _), ok in zip(self._finite, flags, strict=True) if not ok]
-    self._finite = []  # Checked; later calls look only at newer steps.
+  def first_nonfinite_step(self) -> tuple[int, bool] | None:
+    """(step, empty) for the first step in this window whose loss or gradient norm was NaN or Inf, or
+    whose global count was 0 (empty: its batch had no valid element); fetches the flags."""
+    flags = jax.device_get([(finite, count) for _, finite, count in self._unchecked])
+    steps = [step for step, _, _ in self._unchecked]
+    self._unchecked = []  # Checked; later calls look only at newer steps.
+    bad = [(step, float(count) == 0) for step, (ok, count) in zip(steps, flags, strict=True) if not ok]
     return bad[0] if bad else None
 
   def close(self, step: int, metrics: dict, valid_examples: int, device_wait_s: float) -> tuple[dict, dict]:
@@ -166,8 +168,15 @@ def progress_line(step: int, total: int, loss: float, unit: str, per_s: float, e
 def closing_line(step: int, last: dict, eval_row: dict, floor: float | None) -> str:
   """The run's last line: final step and loss, eval loss, and the floor with the gap where known."""
   line = f"final step {step}: loss {last['loss']:.4f}"
-  if "eval_loss" in eval_row:
-    line += f"  eval_loss {eval_row['eval_loss']:.4f}"
+  if eval_row:
+    line += "  " + eval_line(eval_row)
   if floor is not None:
     line += f"  floor {floor:.4f}  gap {last['loss'] - floor:+.4f}"
   return line
+
+
+def eval_line(eval_row: dict) -> str:
+  """'eval_loss 3.0566  eval_accuracy 0.1234': the held-out loss and the experiment's metrics."""
+  return "  ".join(
+    f"{k} {v:.4f}" for k, v in eval_row.items() if k.startswith("eval_") and isinstance(v, float)
+  )

@@ -11,10 +11,14 @@ from errors import UserError
 from trainer import checkpointing, components, multihost
 from trainer import state as state_lib
 from trainer.evaluate import evaluate
-from trainer.metrics import MetricsLog, Window, closing_line, console, device_label, progress_line
+from trainer.metrics import MetricsLog, Window, closing_line, console, device_label, eval_line, progress_line
 from trainer.preemption import Preemption
 from trainer.step import make_eval_step, make_train_step
 from trainer.watchdog import Watchdog
+
+
+def empty_batch_error(t: int) -> UserError:
+  return UserError(f"global batch {t} has no valid examples (all weights 0); refusing an empty step")
 
 
 def train(config, workdir: str, stop_after: int | None = None, devices=None) -> dict:
@@ -38,6 +42,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
   meta = checkpointing.run_metadata(comp, config)
   agreed = {
     "config": json.loads(config.to_json()),
+    "data": comp.sources.fingerprint,  # The same data.path may hold other files on another host.
     "code": meta["git_revision"],
     "versions": meta["versions"],
   }
@@ -113,7 +118,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
       # are known here only for this process's rows (with several processes, a count of 0 shows as a
       # non-finite step below).
       if comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
-        raise UserError(f"global batch {t} has no valid examples (all weights 0); refusing an empty step")
+        raise empty_batch_error(t)
       t1 = time.time()
       state, metrics = train_step(state, batch)
       step += 1
@@ -126,13 +131,16 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
       stop = preemption.should_stop(step)
       log_now = step % config.log_every == 0 or step == last_step or stop
       save_now = step % config.checkpoint.every == 0 or step == last_step or stop
-      if (log_now or save_now) and (bad := window.first_nonfinite_step()) is not None:
+      if (log_now or save_now) and (found := window.first_nonfinite_step()) is not None:
         # Never log past, or save, a non-finite state.
+        bad, empty = found
+        if empty:  # With several processes no one process knows it before the step: the same error.
+          raise empty_batch_error(bad - 1 + batch_offset)
         lo = step - window.steps + 1
         if config.checkpoint.on_nonfinite != "rollback" or rollbacks >= config.checkpoint.max_rollbacks:
           raise UserError(
-            f"loss or gradient norm is NaN/Inf at step {bad} (window {lo}..{step}; or its batch had no valid "
-            f"weight); lower optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback"
+            f"loss or gradient norm is NaN/Inf at step {bad} (window {lo}..{step}); lower "
+            f"optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback"
           )
         rollbacks += 1
         batches.close()
@@ -173,7 +181,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
         watchdog.beat("eval", step)
         eval_row = evaluate(comp, eval_step, state.params, config)
         log.write({"step": step, "time": time.time(), **eval_row})
-        console(f"step {step}/{config.steps}  eval_loss {eval_row['eval_loss']:.4f}")
+        console(f"step {step}/{config.steps}  {eval_line(eval_row)}")
 
       if stop:
         break

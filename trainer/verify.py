@@ -1,26 +1,35 @@
-"""--mode=verify: does the sharded update optimize the same objective as one device?
+"""--mode=verify: does the sharded update optimize the same objective, and is it the objective?
 
-Runs K optimizer steps twice from the same initial state on the same global batches: once on the
-configured mesh and strategy, once on a single device. Prints, per step and parameter group, the
-loss difference and the gradient and parameter differences as whole-group norm ratios:
+On global batches verify builds to be hard (a full batch; an epoch's last, partial batch, where one
+device's rows are partly padding and the others' only padding; the next epoch's first), with the
+configured microbatches, it checks each property of trainer/objective_checks.py against an
+independent calculation on one device (additivity, padding_inert, one_division), the gradient norm
+on 1, 2, 4 and 8 devices (device_count), and runs K optimizer steps twice from the same initial
+state: once on the configured mesh and strategy, once on a single device. Prints a PASS/FAIL line
+per property and step, and per step and parameter group the loss difference and the gradient and
+parameter differences as whole-group norm ratios (mesh_vs_one):
   grad_ratio  = |g_mesh - g_one| / |g_one|
   param_ratio = |theta_mesh - theta_one| / |theta_one - theta_0|   (difference relative to the update)
 Single elements are shown for information only: AdamW magnifies last-bit differences in near-zero
 gradients, so element-wise comparison is not a meaningful test.
 """
 
+import dataclasses
 import json
+import math
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from data import pipeline
 from errors import UserError
-from trainer import components
+from trainer import components, objective_checks
+from trainer import sharding as sharding_lib
 from trainer import state as state_lib
 from trainer.metrics import console, device_label
-from trainer.step import make_train_step
+from trainer.step import example_keys, make_train_step
 
 # (loss relative difference, gradient/parameter norm ratio) by compute dtype; measured in tests.
 TOLERANCES = {"float32": (1e-5, 1e-3), "bfloat16": (2e-3, 5e-2)}
@@ -62,61 +71,139 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   loss_tol, ratio_tol = TOLERANCES.get(dtype, TOLERANCES["bfloat16"])
   sharded = components.build(config)
   single = components.build(config, devices=jax.devices()[:1])
-  b = config.global_batch_size
+  b, m = config.global_batch_size, config.microbatches
+
+  # The batches: record ids from the real train source, over an "epoch" of b + partial records, so
+  # that batch 1 is an epoch's last batch with `partial` valid rows and batch 2 starts the next epoch.
+  shards = math.prod(sharded.mesh.shape[a] for a in sharding_lib.batch_axes(sharded.rules))
+  partial = objective_checks.example_rows(b, shards)
+  plan = pipeline.BatchPlan(min(len(sharded.sources.train), b + partial), b, config.seed)
+  local = pipeline.LocalBatches(sharded.sources.train, plan, (0, b), sharded.sources.make_batch)
 
   state = components.init_state(sharded, config)
-  # Through the host: two independent copies of one initial state (each step donates its input).
-  ref = jax.device_put(jax.device_get(state), single.shardings)
-  theta0 = jax.device_get(state.params)
-  step_mesh = make_train_step(sharded, config.microbatches, with_grads=True)
-  step_one = make_train_step(single, config.microbatches, with_grads=True)
-  local = components.local_batches(sharded)
+  # Through the host: independent copies of one initial state (each step donates its input).
+  initial = jax.device_get(state)
+  ref = jax.device_put(initial, single.shardings)
+  step_mesh = make_train_step(sharded, m, with_grads=True)
+  step_one = make_train_step(single, m, with_grads=True)
+  reference = objective_checks.Reference(sharded.experiment.loss_sums, single.mdef, jax.devices()[0])
 
   console(
     f"verify: {device_label()} on mesh {dict(sharded.mesh.shape)}, strategy "
-    f"{config.sharding.strategy}, microbatches {config.microbatches}, {dtype}\n"
-    f"   vs {device_label(jax.devices()[:1])}; {steps} steps; tolerance: loss {loss_tol:g} relative, "
-    f"grad/param norm ratio {ratio_tol:g}"
+    f"{config.sharding.strategy}, microbatches {m}, {dtype}\n"
+    f"   vs {device_label(jax.devices()[:1])}; {steps} steps of {b} rows, step 2 with "
+    f"{plan.valid_rows(1)} "
+    f"valid (the rest padding); tolerance: loss {loss_tol:g} relative, grad/param norm ratio {ratio_tol:g}"
   )
-  console(
-    f"{'step':>4}  {'group':<24} {'loss_rel':>9} {'grad_ratio':>10} {'param_ratio':>11} "
-    f"{'worst_elem':>10}  result"
-  )
-  rows, ok = [], True
+  # device_count: the padded step's gradient norm on one device, on the configured mesh, and all
+  # data-parallel over the other device counts of 2, 4 and 8, from the same state.
+  padded = min(1, steps - 1)
+  checks, rows, norms = [], [], {}
   for t in range(steps):
-    if sharded.plan.valid_rows(t) == 0:
-      raise UserError(f"global batch {t} has no valid examples; refusing an empty step")
+    valid = plan.record_ids(t) != pipeline.PAD
     batch = local(t)
+    if t == padded:
+      norms = _grad_norms(config, jax.device_get(ref), batch, skip=(1, sharded.mesh.size))
+    params = jax.device_get(state.params)  # Before this step's update.
+    rng = np.asarray(example_keys(jnp.asarray(initial.rng), t, b))  # The keys the step draws.
     with jax.set_mesh(sharded.mesh):
       state, m_mesh = step_mesh(state, pipeline.to_global(batch, sharded.batch_sharding, b))
     with jax.set_mesh(single.mesh):
       ref, m_one = step_one(ref, pipeline.to_global(batch, single.batch_sharding, b))
     m_mesh, m_one = jax.device_get((m_mesh, m_one))
-    loss_rel = abs(float(m_mesh["loss"]) - float(m_one["loss"])) / abs(float(m_one["loss"]))
-    grads = compare(m_mesh["grads"], m_one["grads"])
-    params = compare(jax.device_get(state.params), jax.device_get(ref.params), theta0)
-    for group, (grad_ratio, grad_worst) in grads.items():
-      param_ratio, param_worst = params[group]
-      passed = loss_rel <= loss_tol and grad_ratio <= ratio_tol and param_ratio <= ratio_tol
-      ok &= passed
-      rows.append(
-        {
-          "step": t + 1,
-          "group": group,
-          "loss_rel": loss_rel,
-          "grad_ratio": grad_ratio,
-          "param_ratio": param_ratio,
-          "worst_element": max(grad_worst, param_worst),
-          "pass": passed,
-        }
-      )
-      console(
-        f"{t + 1:>4}  {group:<24} {loss_rel:>9.1e} {grad_ratio:>10.1e} {param_ratio:>11.1e} "
-        f"{max(grad_worst, param_worst):>10.1e}  {'PASS' if passed else 'FAIL'}"
-      )
-  console(f"verify: {'PASS' if ok else 'FAIL'}")
+    if t == padded:
+      norms.update({1: float(m_one["grad_norm"]), sharded.mesh.size: float(m_mesh["grad_norm"])})
+    calc = reference.calculate(params, batch, rng, valid)
+    checks.append(objective_checks.additivity(calc, t + 1, valid, loss_tol))
+    checks.append(objective_checks.padding_inert(calc, t + 1, valid, loss_tol))
+    tols = (loss_tol, ratio_tol)
+    checks.append(objective_checks.one_division(calc, t + 1, m_mesh["loss"], m_mesh["grads"], tols))
+    after = jax.device_get((state.params, ref.params))
+    rows += _mesh_rows(t + 1, m_mesh, m_one, *after, initial.params, (loss_tol, ratio_tol))
+  checks.append(objective_checks.device_count(norms, padded + 1, ratio_tol))
+  checks = [c for c in checks if c is not None]
+  ok = _report(checks, rows)
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "verify.json"), "w") as f:
-      json.dump({"devices": device_label(), "tolerance": [loss_tol, ratio_tol], "rows": rows}, f, indent=1)
+      out = {
+        "verdict": "PASS" if ok else "FAIL",
+        "devices": device_label(),
+        "mesh": dict(sharded.mesh.shape),
+        "strategy": config.sharding.strategy,
+        "compute_dtype": dtype,
+        "microbatches": m,
+        "tolerance": {"loss_relative": loss_tol, "norm_ratio": ratio_tol},
+        "properties": [{**dataclasses.asdict(c), "pass": c.passed} for c in checks],
+        "rows": rows,
+      }
+      json.dump(out, f, indent=1)
+  return ok
+
+
+def _mesh_rows(step, m_mesh, m_one, params_mesh, params_one, params_0, tolerances) -> list[dict]:
+  """mesh_vs_one, per parameter group: the sharded step against the same step on one device."""
+  loss_tol, ratio_tol = tolerances
+  loss_rel = abs(float(m_mesh["loss"]) - float(m_one["loss"])) / abs(float(m_one["loss"]))
+  grads = compare(m_mesh["grads"], m_one["grads"])
+  params = compare(params_mesh, params_one, params_0)
+  rows = []
+  for group, (grad_ratio, grad_worst) in grads.items():
+    param_ratio, param_worst = params[group]
+    rows.append(
+      {
+        "step": step,
+        "group": group,
+        "loss_rel": loss_rel,
+        "grad_ratio": grad_ratio,
+        "param_ratio": param_ratio,
+        "worst_element": max(grad_worst, param_worst),
+        "pass": bool(loss_rel <= loss_tol and grad_ratio <= ratio_tol and param_ratio <= ratio_tol),
+      }
+    )
+  return rows
+
+
+def _grad_norms(config, state, batch, skip) -> dict[int, float]:
+  """The gradient norm of one step on `batch` from `state`, all data-parallel over 2, 4 and 8
+  devices (those not in `skip`, that the machine has and the batch divides over)."""
+  b, m = config.global_batch_size, config.microbatches
+  norms = {}
+  for n in (2, 4, 8):
+    if n in skip or n > jax.device_count() or b % (n * m):
+      continue
+    cfg = config.copy_and_resolve_references()
+    cfg.mesh.update({"data": n, "fsdp": 1, "tensor": 1, "dcn_data": 1, "dcn_fsdp": 1})
+    comp = components.build(cfg, jax.devices()[:n])
+    with jax.set_mesh(comp.mesh):
+      step = make_train_step(comp, m)
+      _, metrics = step(
+        jax.device_put(state, comp.shardings), pipeline.to_global(batch, comp.batch_sharding, b)
+      )
+    norms[n] = float(metrics["grad_norm"])
+  return norms
+
+
+def _report(checks, rows) -> bool:
+  """Prints the properties, then mesh_vs_one per step and group; returns the verdict."""
+  console(f"{'property':<14} {'step':>4} {'figure':>9} {'tolerance':>9}  result  detail")
+  for c in checks:
+    console(
+      f"{c.name:<14} {c.step:>4} {c.figure:>9.1e} {c.tolerance:>9.0e}  "
+      f"{'PASS' if c.passed else 'FAIL':<6}  {c.detail}"
+    )
+    if not c.passed:
+      console(f"{'':<14} what it usually means: {c.meaning}")
+  console(
+    f"{'mesh_vs_one':<14} {'step':>4}  {'group':<24} {'loss_rel':>9} {'grad_ratio':>10} {'param_ratio':>11} "
+    f"{'worst_elem':>10}  result"
+  )
+  for r in rows:
+    console(
+      f"{'mesh_vs_one':<14} {r['step']:>4}  {r['group']:<24} {r['loss_rel']:>9.1e} {r['grad_ratio']:>10.1e} "
+      f"{r['param_ratio']:>11.1e} {r['worst_element']:>10.1e}  {'PASS' if r['pass'] else 'FAIL'}"
+    )
+  failed = [c.name for c in checks if not c.passed] + ["mesh_vs_one"] * any(not r["pass"] for r in rows)
+  ok = not failed
+  console(f"verify: {'PASS' if ok else 'FAIL (' + ', '.join(dict.fromkeys(failed)) + ')'}")
   return ok

@@ -1,0 +1,184 @@
+"""The objective's properties, checked on one device without the trainer's step, microbatching or
+sharding: what --mode=verify asks of an experiment's loss_sums, in its own terms.
+
+  additivity     loss_sums over a batch = the sum of loss_sums over its valid examples one at a time
+  padding_inert  padding rows add nothing to the sum, the count or a metric
+  one_division   the trained loss and gradient = jax.grad(sum of loss sums / sum of counts) over the
+                 valid examples only
+Each returns a Check: the figure, the tolerance it is held to and, on a FAIL, what it usually means.
+"""
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from trainer import state as state_lib
+
+
+@dataclasses.dataclass
+class Check:
+  name: str
+  step: int
+  figure: float  # The worst relative difference found.
+  tolerance: float
+  detail: str  # What was compared, with the figures.
+  meaning: str = ""  # On a FAIL: the usual cause in a fork.
+  also_ok: bool = True  # A second condition the detail states (one_division's loss).
+
+  @property
+  def passed(self) -> bool:
+    return bool(np.isfinite(self.figure)) and self.figure <= self.tolerance and self.also_ok
+
+
+def _rel(a, b) -> float:
+  a, b = float(a), float(b)
+  return abs(a - b) / max(abs(b), 1e-30) if (a, b) != (0.0, 0.0) else 0.0
+
+
+def _rows(batch: dict, rows) -> dict:
+  return {k: np.asarray(v)[rows] for k, v in batch.items()}
+
+
+def _as_float(sums):
+  loss_sum, count, metric_sums = sums
+  return float(loss_sum), float(count), {k: float(v) for k, v in metric_sums.items()}
+
+
+@dataclasses.dataclass
+class Calculation:
+  """One batch, calculated on one device at fixed params."""
+
+  whole: tuple  # loss_sums over the whole batch, padding rows included: (sum, count, {metric: sum}).
+  examples: list  # loss_sums of each row alone, in row order.
+  kept: tuple  # loss_sums over the valid rows only.
+  loss: float  # sum of loss sums / sum of counts over the valid rows,
+  grads: object  # and its gradient: the objective, written here once with jax.grad.
+
+
+class Reference:
+  """loss_sums of the experiment's model on one device, outside any mesh, at given params."""
+
+  def __init__(self, loss_sums, mdef: state_lib.ModelDef, device):
+    self.device = device
+
+    def sums(params, batch, rng):
+      return loss_sums(mdef.merge(params), batch, rng)
+
+    def mean_loss(params, batch, rng):
+      loss_sum, count, metric_sums = sums(params, batch, rng)
+      return loss_sum / count, (loss_sum, count, metric_sums)
+
+    # Each row alone (a batch of one), for every row at once: vmap over rows of batches of one.
+    one = lambda params, row, key: sums(params, jax.tree.map(lambda x: x[None], row), key[None])
+    self._examples = jax.jit(jax.vmap(one, in_axes=(None, 0, 0)))
+    self._loss_and_grad = jax.jit(jax.value_and_grad(mean_loss, has_aux=True))
+
+  def calculate(self, params, batch, rng, valid) -> Calculation:
+    put = lambda tree: jax.device_put(tree, self.device)
+    params = put(params)
+    examples = jax.device_get(self._examples(params, put(batch), put(rng)))
+    (_, whole), _ = self._loss_and_grad(params, put(batch), put(rng))
+    if valid.all():
+      (loss, kept), grads = self._loss_and_grad(params, put(batch), put(rng))
+    else:
+      (loss, kept), grads = self._loss_and_grad(params, put(_rows(batch, valid)), put(rng[valid]))
+    per_row = [_as_float(jax.tree.map(lambda x, i=i: x[i], examples)) for i in range(len(valid))]
+    return Calculation(_as_float(whole), per_row, _as_float(kept), float(loss), jax.device_get(grads))
+
+
+def _added(parts):
+  return (
+    sum(p[0] for p in parts),
+    sum(p[1] for p in parts),
+    {k: sum(p[2][k] for p in parts) for k in (parts[0][2] if parts else {})},
+  )
+
+
+def _worst(a, b) -> float:
+  return max([_rel(a[0], b[0]), _rel(a[1], b[1])] + [_rel(a[2][k], b[2][k]) for k in a[2]])
+
+
+def additivity(calc: Calculation, step: int, valid, tol: float) -> Check:
+  whole, added = calc.whole, _added([e for e, v in zip(calc.examples, valid, strict=True) if v])
+  return Check(
+    "additivity",
+    step,
+    _worst(whole, added),
+    tol,
+    f"loss_sum {whole[0]:.6g} vs {added[0]:.6g} over {int(valid.sum())} examples one at a time; "
+    f"count {whole[1]:.6g} vs {added[1]:.6g}",
+    "loss_sums is not a sum over examples: it returns a mean or normalizes by the batch size; "
+    "return (sum over valid elements, their count, {metric: sum})",
+  )
+
+
+def padding_inert(calc: Calculation, step: int, valid, tol: float) -> Check | None:
+  if valid.all():
+    return None
+  pad = _added([e for e, v in zip(calc.examples, valid, strict=True) if not v])
+  worst = max([_worst(calc.whole, calc.kept), abs(pad[0]), abs(pad[1])] + [abs(x) for x in pad[2].values()])
+  return Check(
+    "padding_inert",
+    step,
+    worst,
+    tol,
+    f"{int((~valid).sum())} padding rows give sum {pad[0]:.6g}, count {pad[1]:.6g}; without them the "
+    f"sum is {calc.kept[0]:.6g} vs {calc.whole[0]:.6g}, count {calc.kept[1]:.6g} vs {calc.whole[1]:.6g}",
+    "padding rows count: weight every element by batch['weights'] and count only weighted elements",
+  )
+
+
+def one_division(calc: Calculation, step: int, trained_loss, trained_grads, tols) -> Check:
+  """The trainer's divided loss and gradient against jax.grad of the mean over the valid examples."""
+  ratio, group = _worst_group(trained_grads, calc.grads)
+  loss_rel = _rel(trained_loss, calc.loss)
+  loss_tol, grad_tol = tols
+  return Check(
+    "one_division",
+    step,
+    ratio,
+    grad_tol,
+    f"loss {float(trained_loss):.6g} vs {calc.loss:.6g} ({loss_rel:.1e} rel, tolerance {loss_tol:g}); "
+    f"gradient {ratio:.1e} (worst group {group})",
+    "the trained update is not the gradient of (sum of loss sums) / (sum of counts) over the valid "
+    "examples: a loss that counts padding, a local mean, or a normalization inside loss_sums",
+    also_ok=loss_rel <= loss_tol,
+  )
+
+
+def _worst_group(a, b) -> tuple[float, str]:
+  """Worst |a - b| / |b| over parameter groups (module paths)."""
+  groups: dict[str, list[float]] = {}
+  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True):
+    keys = state_lib.path_keys(path)
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    d = groups.setdefault("/".join(keys[:-1]) or keys[-1], [0.0, 0.0])
+    d[0] += float(np.sum((x - y) ** 2))
+    d[1] += float(np.sum(y * y))
+  ratios = {g: np.sqrt(d) / max(np.sqrt(n), 1e-30) for g, (d, n) in groups.items()}
+  group = max(ratios, key=ratios.get)
+  return float(ratios[group]), group
+
+
+def device_count(grad_norms: dict[int, float], step: int, tol: float) -> Check:
+  base = grad_norms[min(grad_norms)]
+  worst = max(_rel(v, base) for v in grad_norms.values())
+  figures = ", ".join(f"{n}: {v:.6g}" for n, v in sorted(grad_norms.items()))
+  return Check(
+    "device_count",
+    step,
+    worst,
+    tol,
+    f"gradient norm on {figures} devices",
+    "the gradient changes with the device count: the loss depends on how the batch is split "
+    "(a mean per device, a sum of per-device means, a normalization by the local batch size)",
+  )
+
+
+def example_rows(batch_size: int, shards: int) -> int:
+  """Valid rows of the padded batch verify builds: one shard full, the next partly, the rest padding
+  only (uneven rows per device, devices holding only padding), at least one row of padding."""
+  if batch_size == 1:
+    return 1
+  return max(1, min(batch_size - 1, batch_size // max(shards, 1) + 1))
