@@ -58,6 +58,10 @@ class BatchPlan:
     ids[: stop - start] = [order[j] for j in range(start, stop)]
     return ids
 
+  def valid(self, t: int) -> np.ndarray:
+    """bool[global_batch_size]: which rows of global batch t hold a record (False: padding)."""
+    return self.record_ids(t) != PAD
+
   def examples_before(self, t: int) -> int:
     """Valid examples in global batches [0, t)."""
     epochs, k = divmod(t, self.batches_per_epoch)

@@ -101,7 +101,7 @@ def nan_on_batch(monkeypatch):
 
 
 def test_nan_stops_with_an_error_naming_the_step_and_never_saves_it(tmp_path, nan_on_batch):
-  with pytest.raises(UserError, match=r"NaN/Inf at step 5 \(window 5\.\.5;"):
+  with pytest.raises(UserError, match=r"NaN/Inf at step 5 \(window 5\.\.5\)"):
     train(_cfg(), str(tmp_path))
   assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == ["2", "4"]
 

@@ -73,8 +73,11 @@ def _one_config_per_experiment():
 
 @pytest.mark.parametrize("experiment, path", _one_config_per_experiment(), ids=lambda x: os.path.basename(x))
 def test_every_experiment_passes_verify(experiment, path, tmp_path):
-  """--mode=verify on each experiment's tiny config (the ViT with dropout on)."""
+  """--mode=verify on each experiment's tiny config, on its (2, 2, 2) mesh with 2 microbatches (the ViT
+  with dropout on); tests/test_verify.py covers the (8, 1, 1) and (1, 8, 1) meshes."""
   from trainer.verify import verify
 
   cfg = _load(path, "tiny")
-  assert verify(cfg, str(tmp_path)), experiment
+  cfg.microbatches = 2
+  assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (2, 2, 2)
+  assert verify(cfg, str(tmp_path), steps=2), experiment

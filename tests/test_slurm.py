@@ -200,7 +200,14 @@ def test_gpu_mode_environment(slurm, tmp_path, tasks_per_node, cuda_visible, dev
   (venv / "bin" / "python").chmod(0o755)
   env = {**_job_env(slurm, workdir), "VENV": str(venv)}
   del env["CPU_DEVICES"]
-  for key in ("XLA_FLAGS", "NCCL_DEBUG", "XLA_PYTHON_CLIENT_MEM_FRACTION", "JAX_LOCAL_DEVICE_IDS"):
+  # The test session's own compilation cache (conftest) too: the script's default is what is checked.
+  for key in (
+    "XLA_FLAGS",
+    "NCCL_DEBUG",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "JAX_LOCAL_DEVICE_IDS",
+    "JAX_COMPILATION_CACHE_DIR",
+  ):
     env.pop(key, None)
   if cuda_visible is not None:
     env["CUDA_VISIBLE_DEVICES"] = cuda_visible  # As SLURM's GPU plugin would set it.

@@ -88,7 +88,8 @@ def test_verify_fails_for_a_classic_fork_mistake_and_names_it(tmp_path, monkeypa
   assert lines[-1].startswith("verify: FAIL (") and broken in lines[-1]
 
 
-@pytest.mark.parametrize("mesh, microbatches", [((8, 1, 1), 2), ((1, 8, 1), 1), ((2, 2, 2), 2)])
+# (2, 2, 2) with 2 microbatches: tests/test_configs.py, for every experiment.
+@pytest.mark.parametrize("mesh, microbatches", [((8, 1, 1), 2), ((1, 8, 1), 1)])
 @pytest.mark.parametrize("experiment", ["lm", "vit"])
 def test_verify_passes_for_the_real_experiments(tmp_path, experiment, mesh, microbatches):
   import runpy
@@ -109,3 +110,22 @@ def test_a_globally_empty_data_set_is_refused(tmp_path):
   assert result.returncode != 0
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "empty" in errors[0], result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["configs/smoke_cpu.py", "configs/vit_smoke_cpu.py"])
+def test_verify_passes_in_two_processes_of_four_devices(tmp_path, config):
+  import subprocess
+  import sys
+
+  from tests.conftest import REPO
+
+  launcher = [sys.executable, os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=4"]
+  flags = ["--mode=verify", f"--config={config}:tiny", "--config.microbatches=2", f"--workdir={tmp_path}"]
+  result = subprocess.run([*launcher, "--", *flags], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "[p0] verify: PASS" in result.stdout and "device_count" in result.stdout
+  with open(os.path.join(tmp_path, "verify.json")) as f:
+    report = json.load(f)
+  assert report["verdict"] == "PASS" and report["microbatches"] == 2
+  assert {p["name"] for p in report["properties"]} == set(PROPERTIES)

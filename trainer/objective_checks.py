@@ -116,14 +116,16 @@ def additivity(calc: Calculation, step: int, valid, tol: float) -> Check:
 def padding_inert(calc: Calculation, step: int, valid, tol: float) -> Check | None:
   if valid.all():
     return None
-  pad = _added([e for e, v in zip(calc.examples, valid, strict=True) if not v])
-  worst = max([_worst(calc.whole, calc.kept), abs(pad[0]), abs(pad[1])] + [abs(x) for x in pad[2].values()])
+  padding = _added([e for e, v in zip(calc.examples, valid, strict=True) if not v])
+  worst = max(
+    [_worst(calc.whole, calc.kept), abs(padding[0]), abs(padding[1])] + [abs(x) for x in padding[2].values()]
+  )
   return Check(
     "padding_inert",
     step,
     worst,
     tol,
-    f"{int((~valid).sum())} padding rows give sum {pad[0]:.6g}, count {pad[1]:.6g}; without them the "
+    f"{int((~valid).sum())} padding rows give sum {padding[0]:.6g}, count {padding[1]:.6g}; without them the "
     f"sum is {calc.kept[0]:.6g} vs {calc.whole[0]:.6g}, count {calc.kept[1]:.6g} vs {calc.whole[1]:.6g}",
     "padding rows count: weight every element by batch['weights'] and count only weighted elements",
   )

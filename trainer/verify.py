@@ -22,10 +22,10 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from data import pipeline
-from errors import UserError
-from trainer import components, objective_checks
+from trainer import components, multihost, objective_checks
 from trainer import sharding as sharding_lib
 from trainer import state as state_lib
 from trainer.metrics import console, device_label
@@ -64,13 +64,19 @@ def compare(mesh_tree, one_tree, base_tree=None) -> dict[str, tuple[float, float
   return out
 
 
+def _host(tree):
+  """A tree of (possibly process-spanning) arrays as numpy on every process."""
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
 def verify(config, workdir: str, steps: int = 3) -> bool:
-  if jax.process_count() > 1:
-    raise UserError("--mode=verify runs in one process: start it without the distributed flags")
+  """With several processes, the sharded steps run across all of them, and every process repeats the
+  one-device calculations on its first local device."""
   dtype = config.model.compute_dtype
   loss_tol, ratio_tol = TOLERANCES.get(dtype, TOLERANCES["bfloat16"])
   sharded = components.build(config)
-  single = components.build(config, devices=jax.devices()[:1])
+  one_device = jax.local_devices()[:1]
+  single = components.build(config, devices=one_device)
   b, m = config.global_batch_size, config.microbatches
 
   # The batches: record ids from the real train source, over an "epoch" of b + partial records, so
@@ -79,50 +85,58 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   partial = objective_checks.example_rows(b, shards)
   plan = pipeline.BatchPlan(min(len(sharded.sources.train), b + partial), b, config.seed)
   local = pipeline.LocalBatches(sharded.sources.train, plan, (0, b), sharded.sources.make_batch)
+  lo, hi = pipeline.process_rows(sharded.batch_sharding, b)  # This process's rows of the mesh's batch.
 
   state = components.init_state(sharded, config)
   # Through the host: independent copies of one initial state (each step donates its input).
-  initial = jax.device_get(state)
+  initial = _host(state)
   ref = jax.device_put(initial, single.shardings)
   step_mesh = make_train_step(sharded, m, with_grads=True)
   step_one = make_train_step(single, m, with_grads=True)
-  reference = objective_checks.Reference(sharded.experiment.loss_sums, single.mdef, jax.devices()[0])
+  reference = objective_checks.Reference(sharded.experiment.loss_sums, single.mdef, one_device[0])
 
   console(
     f"verify: {device_label()} on mesh {dict(sharded.mesh.shape)}, strategy "
     f"{config.sharding.strategy}, microbatches {m}, {dtype}\n"
-    f"   vs {device_label(jax.devices()[:1])}; {steps} steps of {b} rows, step 2 with "
+    f"   vs {device_label(one_device)}; {steps} steps of {b} rows, step 2 with "
     f"{plan.valid_rows(1)} "
     f"valid (the rest padding); tolerance: loss {loss_tol:g} relative, grad/param norm ratio {ratio_tol:g}"
   )
   # device_count: the padded step's gradient norm on one device, on the configured mesh, and all
-  # data-parallel over the other device counts of 2, 4 and 8, from the same state.
-  padded = min(1, steps - 1)
+  # data-parallel over the other device counts of 2, 4 and 8, from the same state. With several
+  # processes, every process takes part in the sharded steps; process 0 alone does the one-device
+  # calculations and the report, and the verdict is shared.
+  padded, main = min(1, steps - 1), jax.process_index() == 0
   checks, rows, norms = [], [], {}
   for t in range(steps):
-    valid = plan.record_ids(t) != pipeline.PAD
-    batch = local(t)
+    valid, batch = plan.valid(t), local(t)
+    params = _host(state.params)  # Before this step's update.
+    with jax.set_mesh(sharded.mesh):
+      rows_here = {k: v[lo:hi] for k, v in batch.items()}
+      state, m_mesh = step_mesh(state, pipeline.to_global(rows_here, sharded.batch_sharding, b))
+    m_mesh, params_mesh = _host(m_mesh), _host(state.params)
+    if not main:
+      continue
     if t == padded:
       norms = _grad_norms(config, jax.device_get(ref), batch, skip=(1, sharded.mesh.size))
-    params = jax.device_get(state.params)  # Before this step's update.
-    rng = np.asarray(example_keys(jnp.asarray(initial.rng), t, b))  # The keys the step draws.
-    with jax.set_mesh(sharded.mesh):
-      state, m_mesh = step_mesh(state, pipeline.to_global(batch, sharded.batch_sharding, b))
     with jax.set_mesh(single.mesh):
       ref, m_one = step_one(ref, pipeline.to_global(batch, single.batch_sharding, b))
-    m_mesh, m_one = jax.device_get((m_mesh, m_one))
+    m_one = jax.device_get(m_one)
     if t == padded:
       norms.update({1: float(m_one["grad_norm"]), sharded.mesh.size: float(m_mesh["grad_norm"])})
+    rng = np.asarray(example_keys(jnp.asarray(initial.rng), t, b))  # The keys the step drew.
     calc = reference.calculate(params, batch, rng, valid)
-    checks.append(objective_checks.additivity(calc, t + 1, valid, loss_tol))
-    checks.append(objective_checks.padding_inert(calc, t + 1, valid, loss_tol))
     tols = (loss_tol, ratio_tol)
-    checks.append(objective_checks.one_division(calc, t + 1, m_mesh["loss"], m_mesh["grads"], tols))
-    after = jax.device_get((state.params, ref.params))
-    rows += _mesh_rows(t + 1, m_mesh, m_one, *after, initial.params, (loss_tol, ratio_tol))
-  checks.append(objective_checks.device_count(norms, padded + 1, ratio_tol))
-  checks = [c for c in checks if c is not None]
-  ok = _report(checks, rows)
+    checks += [
+      objective_checks.additivity(calc, t + 1, valid, loss_tol),
+      objective_checks.padding_inert(calc, t + 1, valid, loss_tol),
+      objective_checks.one_division(calc, t + 1, m_mesh["loss"], m_mesh["grads"], tols),
+    ]
+    rows += _mesh_rows(t + 1, m_mesh, m_one, params_mesh, jax.device_get(ref.params), initial.params, tols)
+  if main:
+    checks.append(objective_checks.device_count(norms, padded + 1, ratio_tol))
+    checks = [c for c in checks if c is not None]
+  ok = multihost.all_agree("verify", _report(checks, rows) if main else True, timeout_s=600)
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "verify.json"), "w") as f:
@@ -165,23 +179,26 @@ def _mesh_rows(step, m_mesh, m_one, params_mesh, params_one, params_0, tolerance
 
 
 def _grad_norms(config, state, batch, skip) -> dict[int, float]:
-  """The gradient norm of one step on `batch` from `state`, all data-parallel over 2, 4 and 8
-  devices (those not in `skip`, that the machine has and the batch divides over)."""
+  """The gradient norm of one step on `batch` from `state`, all data-parallel over 2, 4 and 8 of this
+  process's devices (those not in `skip`, that it has and the batch divides over)."""
   b, m = config.global_batch_size, config.microbatches
   norms = {}
   for n in (2, 4, 8):
-    if n in skip or n > jax.device_count() or b % (n * m):
+    if n in skip or n > jax.local_device_count() or b % (n * m):
       continue
     cfg = config.copy_and_resolve_references()
     cfg.mesh.update({"data": n, "fsdp": 1, "tensor": 1, "dcn_data": 1, "dcn_fsdp": 1})
-    comp = components.build(cfg, jax.devices()[:n])
+    comp = components.build(cfg, jax.local_devices()[:n])
     with jax.set_mesh(comp.mesh):
       step = make_train_step(comp, m)
-      _, metrics = step(
-        jax.device_put(state, comp.shardings), pipeline.to_global(batch, comp.batch_sharding, b)
-      )
+      _, metrics = step(jax.device_put(state, comp.shardings), _put_local(batch, comp.batch_sharding))
     norms[n] = float(metrics["grad_norm"])
   return norms
+
+
+def _put_local(batch, sharding) -> dict:
+  """The whole batch onto a mesh of this process's devices alone."""
+  return {k: jax.device_put(v, sharding) for k, v in batch.items()}
 
 
 def _report(checks, rows) -> bool:
