@@ -1,6 +1,8 @@
 """What an experiment's data_sources() returns: the generic description of its data."""
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Callable
 
 import numpy as np
@@ -25,3 +27,8 @@ class DataSources:
   # rows and wherever an element must not count. A picklable callable (Grain worker processes call it).
   make_batch: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
   loss_floor: float | None = None  # Lowest reachable loss when known (e.g. synthetic data), else None.
+
+
+def recipe_fingerprint(kind: str, recipe: list) -> str:
+  """A fingerprint of generated data from what generates it: 'KIND-' and 16 hex digits."""
+  return f"{kind}-" + hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16]

@@ -16,9 +16,13 @@ What the module provides:
       The experiment's own keys (typically `model.*` and `data.*`), each with a one-line comment.
       `configs/base.py`'s `get_config(NAME)` merges them into the trainer's keys before the config is
       locked, so they are checked like every other key; redefining a trainer key is an error.
+  CONFIG_RULES: dict[str, rule]
+      One rule per key of default_config() (trainer/config_checks.py has whole, real, one_of, ...):
+      its type, range or allowed values. tests/test_config_checks.py walks every key with wrong values.
   check_config(config) -> None
       Raises errors.UserError for impossible values of the experiment's keys (one line, naming the
-      key and what to change), before anything is compiled.
+      key and what is allowed), before anything is compiled: config_checks.check_rules(config,
+      CONFIG_RULES), then what depends on several keys.
   TINY: dict[str, object]
       Overrides (dotted keys) that shrink the experiment to a pulse on 8 logical CPU devices: what a
       config's `:tiny` argument applies on top of the trainer's own shrinking.
@@ -58,6 +62,7 @@ CONTRACT = (
   "LOGICAL_AXES",
   "TINY",
   "default_config",
+  "CONFIG_RULES",
   "check_config",
   "build_model",
   "data_sources",

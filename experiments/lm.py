@@ -8,8 +8,6 @@ The experiment contract this module fulfils is in experiments/__init__.py.
 """
 
 import functools
-import hashlib
-import json
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +17,10 @@ import optax
 from flax import nnx
 
 from data import synthetic
-from data.sources import DataSources
+from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
 from model.transformer import Decoder
+from trainer import config_checks
 
 UNIT = "tokens"
 # The decoder's own logical axes: the vocabulary is split like the MLP's hidden dimension (over the
@@ -61,11 +60,34 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
+# One rule per key of default_config() (tests/test_config_checks.py holds every experiment to it).
+CONFIG_RULES = {
+  "data.source": config_checks.one_of("synthetic", "arrayrecord"),
+  "data.num_examples": config_checks.whole(0),
+  "data.eval_examples": config_checks.whole(0),
+  "data.seq_len": config_checks.whole(1),
+  # The synthetic chain is a dense vocab x vocab matrix: 128 MB at 4096, 8 GB at 32,000.
+  "data.vocab_size": config_checks.whole(2, 4096),
+  "data.markov_concentration": config_checks.real(0.0, low_open=True),
+  "data.path": config_checks.text,
+  "data.packing": config_checks.boolean,
+  "model.vocab_size": config_checks.whole(2),
+  "model.embed_dim": config_checks.whole(2),
+  "model.num_layers": config_checks.whole(1),
+  "model.num_heads": config_checks.whole(1),
+  "model.mlp_dim": config_checks.whole(1),
+  "model.rope_base": config_checks.real(1.0, low_open=True),
+}
+
+
 def check_config(config) -> None:
-  for key in ("model.num_heads", "model.num_layers", "model.embed_dim", "model.mlp_dim", "data.seq_len"):
-    section, name = key.split(".")
-    if config[section][name] < 1:
-      raise UserError(f"{key}={config[section][name]}: must be at least 1")
+  config_checks.check_rules(config, CONFIG_RULES)
+  m = config.model
+  if m.embed_dim % m.num_heads or (m.embed_dim // m.num_heads) % 2:
+    raise UserError(
+      f"model.embed_dim={m.embed_dim} must be a multiple of model.num_heads={m.num_heads} with an even "
+      f"head dimension (RoPE rotates pairs)"
+    )
 
 
 def build_model(config, rngs: nnx.Rngs) -> Decoder:
@@ -105,7 +127,7 @@ def data_sources(config) -> DataSources:
     return DataSources(
       train=make(d.num_examples, synthetic.TRAIN),
       eval=make(d.eval_examples, synthetic.EVAL),
-      fingerprint="synthetic-" + hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16],
+      fingerprint=recipe_fingerprint("synthetic", recipe),
       make_batch=functools.partial(make_batch, pad_id=None, eos_id=None),
       loss_floor=chain.entropy_rate(),
     )

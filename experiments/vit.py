@@ -7,9 +7,6 @@ the trainer passes, so the trajectory is the same on any mesh and process count.
 The experiment contract this module fulfils is in experiments/__init__.py.
 """
 
-import hashlib
-import json
-
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -18,9 +15,10 @@ import optax
 from flax import nnx
 
 from data import images
-from data.sources import DataSources
+from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
 from model.vit import ViT
+from trainer import config_checks
 
 UNIT = "images"
 # The ViT's own logical axes, all replicated: pixels of a patch, patch positions, classes.
@@ -53,27 +51,29 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
+# One rule per key of default_config() (tests/test_config_checks.py holds every experiment to it).
+CONFIG_RULES = {
+  "data.num_examples": config_checks.whole(0),
+  "data.eval_examples": config_checks.whole(0),
+  "data.image_size": config_checks.whole(1),
+  "data.num_classes": config_checks.whole(2),
+  "data.noise": config_checks.real(0.0),
+  "model.patch_size": config_checks.whole(1),
+  "model.embed_dim": config_checks.whole(1),
+  "model.num_layers": config_checks.whole(1),
+  "model.num_heads": config_checks.whole(1),
+  "model.mlp_dim": config_checks.whole(1),
+  "model.dropout": config_checks.real(0.0, 1.0, high_open=True),
+}
+
+
 def check_config(config) -> None:
+  config_checks.check_rules(config, CONFIG_RULES)
   d, m = config.data, config.model
-  for key, value, low in (
-    ("data.image_size", d.image_size, 1),
-    ("data.num_classes", d.num_classes, 2),
-    ("model.patch_size", m.patch_size, 1),
-    ("model.embed_dim", m.embed_dim, 1),
-    ("model.num_layers", m.num_layers, 1),
-    ("model.num_heads", m.num_heads, 1),
-    ("model.mlp_dim", m.mlp_dim, 1),
-  ):
-    if value < low:
-      raise UserError(f"{key}={value}: must be at least {low}")
   if d.image_size % m.patch_size:
     raise UserError(f"data.image_size={d.image_size} must be a multiple of model.patch_size={m.patch_size}")
   if m.embed_dim % m.num_heads:
     raise UserError(f"model.embed_dim={m.embed_dim} must be a multiple of model.num_heads={m.num_heads}")
-  if not 0.0 <= m.dropout < 1.0:
-    raise UserError(f"model.dropout={m.dropout}: must be in [0, 1)")
-  if d.noise < 0:
-    raise UserError(f"data.noise={d.noise}: must be at least 0")
 
 
 def build_model(config, rngs: nnx.Rngs) -> ViT:
@@ -100,7 +100,7 @@ def data_sources(config) -> DataSources:
   return DataSources(
     train=make(d.num_examples, images.TRAIN),
     eval=make(d.eval_examples, images.EVAL),
-    fingerprint="gratings-" + hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16],
+    fingerprint=recipe_fingerprint("gratings", recipe),
     make_batch=make_batch,
   )
 

@@ -14,7 +14,7 @@ from data import pipeline
 from data.pipeline import BatchPlan
 from data.sources import DataSources
 from errors import UserError
-from trainer import configuration
+from trainer import config_checks, configuration
 from trainer import mesh as mesh_lib
 from trainer import sharding as sharding_lib
 from trainer import state as state_lib
@@ -51,21 +51,7 @@ def load_experiment(config) -> ModuleType:
 
 
 def build(config, devices=None) -> Components:
-  if config.steps < 1:
-    raise UserError(f"steps={config.steps}: must be at least 1")
-  at_least = {
-    "seed": (config.seed, 0),
-    "microbatches": (config.microbatches, 1),
-    "log_every": (config.log_every, 1),
-    "checkpoint.every": (config.checkpoint.every, 1),
-    "checkpoint.keep": (config.checkpoint.keep, 1),
-    "eval_every": (config.eval_every, 0),
-    "eval_steps": (config.eval_steps, 1 if config.eval_every else 0),
-  }
-  for key, (value, low) in at_least.items():
-    if value < low:
-      why = " when eval_every > 0" if key == "eval_steps" else ""
-      raise UserError(f"{key}={value}: must be at least {low}{why}")
+  config_checks.check(config)  # Every trainer key; the experiment checks its own below.
   experiment = load_experiment(config)
   experiment.check_config(config)
   mesh = mesh_lib.make_mesh(config.mesh, devices)
