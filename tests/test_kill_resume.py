@@ -110,6 +110,9 @@ def test_sigkill_at_five_moments_resumes_exactly(tmp_path, straight):
     assert proc.returncode == -signal.SIGKILL, out
     if i:
       resumed_from.append("resumed from checkpoint" in out)
+  # The first kill lands at step 10 or later (the seeded moments are 10, 17, 21, 26), after the
+  # checkpoints of steps 4 and 8: every later leg resumes from one, none starts over.
+  assert len(resumed_from) == 4 and all(resumed_from), resumed_from
   proc = _start(workdir)
   out = _finish(proc)
   assert proc.returncode == 0, out

@@ -134,10 +134,9 @@ def test_processes_with_different_configs_stop_before_training(tmp_path):
   for p, out in zip(procs, outs, strict=True):
     assert p.returncode != 0, out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out  # Exactly one, on every process.
     assert (
-      len(errors) == 1
-      and "disagree on config.steps: 5 here, 6 there" in errors[0]
-      or ("config.steps: 6 here, 5 there" in errors[0])
+      "disagree on config.steps: 5 here, 6 there" in errors[0] or "config.steps: 6 here, 5 there" in errors[0]
     ), out
     assert "step 1/" not in out
   assert not os.path.exists(os.path.join(tmp_path, "metrics.jsonl"))
