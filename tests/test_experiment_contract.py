@@ -47,8 +47,9 @@ def test_an_experiment_is_named_by_module_or_path():
     os.path.join(REPO, "experiments/lm.py"),
   ):
     assert experiments.module_name(name) == "lm", name
-  with pytest.raises(UserError, match=r"no experiments/nope.py \(available: lm, vit"):
-    experiments.load("experiments/nope.py")
+  with pytest.raises(UserError, match=r"no experiments/no_such_experiment.py \(available: lm, .*vit") as e:
+    experiments.load("experiments/no_such_experiment.py")
+  assert "new" not in str(e.value)  # The fork command is not an experiment.
   with pytest.raises(UserError, match="lives in experiments/"):
     experiments.load("elsewhere/mine.py")
 
@@ -111,8 +112,10 @@ def test_an_experiment_given_as_a_path_trains(tmp_path):
 
 def test_a_missing_experiment_is_one_error_line(tmp_path):
   result = run_main(
-    "--config=configs/smoke_cpu.py:tiny", f"--workdir={tmp_path}", "--config.experiment=experiments/mine.py"
+    "--config=configs/smoke_cpu.py:tiny",
+    f"--workdir={tmp_path}",
+    "--config.experiment=experiments/no_such.py",
   )
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert result.returncode == 2 and len(errors) == 1, result.stderr
-  assert "no experiments/mine.py" in errors[0] and "Traceback" not in result.stderr
+  assert "no experiments/no_such.py" in errors[0] and "Traceback" not in result.stderr
