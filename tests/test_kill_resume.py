@@ -62,8 +62,13 @@ def _wait_until(predicate, proc, timeout=120):
   raise AssertionError("timed out")
 
 
-def _saving(workdir):
-  return bool(glob.glob(os.path.join(workdir, "checkpoints", "*.orbax-checkpoint-tmp*")))
+def _partial_saves(workdir) -> set[str]:
+  return set(glob.glob(os.path.join(workdir, "checkpoints", "*.orbax-checkpoint-tmp*")))
+
+
+def _saving(workdir, not_these=frozenset()):
+  """A save is in progress: a partial step directory other than `not_these` (a killed leg's)."""
+  return bool(_partial_saves(workdir) - not_these)
 
 
 def _finish(proc, timeout=180):
@@ -98,10 +103,11 @@ def test_sigkill_at_five_moments_resumes_exactly(tmp_path, straight):
   moments = sorted(int(s) for s in rng.choice(np.arange(2, 34), size=4, replace=False))
   resumed_from = []
   for i, moment in enumerate(moments[:2] + ["mid-save"] + moments[2:]):
+    stale = frozenset(_partial_saves(workdir))  # What an earlier kill left; cleaned at start-up.
     proc = _start(workdir, pause_in_save_s=60 if moment == "mid-save" else None)
     try:
       if moment == "mid-save":  # Deterministic: the save holds its temporary directory open.
-        _wait_until(lambda: _saving(workdir), proc)
+        _wait_until(lambda s=stale: _saving(workdir, s), proc)  # This leg's own save.
       else:
         _wait_until(lambda m=moment: _last_step(workdir) >= m, proc)
       proc.send_signal(signal.SIGKILL)

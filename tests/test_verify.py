@@ -89,7 +89,7 @@ def test_verify_fails_for_a_classic_fork_mistake_and_names_it(tmp_path, monkeypa
 
 
 # (2, 2, 2) with 2 microbatches: tests/test_configs.py, for every experiment.
-@pytest.mark.parametrize("mesh, microbatches", [((8, 1, 1), 2), ((1, 8, 1), 1)])
+@pytest.mark.parametrize("mesh, microbatches", [((8, 1, 1), 2), ((1, 8, 1), 2)])
 @pytest.mark.parametrize("experiment", ["lm", "vit"])
 def test_verify_passes_for_the_real_experiments(tmp_path, experiment, mesh, microbatches):
   import runpy
