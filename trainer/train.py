@@ -110,7 +110,9 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
   step = start
   try:
     while step < last_step:
-      watchdog.beat("step", step + 1)
+      # The run's first step waits in its collectives for peers still compiling: start-up's budget.
+      first = config.watchdog.startup_timeout_s if step == start else None
+      watchdog.beat("step", step + 1, first)
       t0 = time.time()
       t, local, batch = next(batches)
       assert t == step + batch_offset, (t, step, batch_offset)  # The data position is the step.
