@@ -78,10 +78,9 @@ class Reference:
     put = lambda tree: jax.device_put(tree, self.device)
     params = put(params)
     examples = jax.device_get(self._examples(params, put(batch), put(rng)))
-    (_, whole), _ = self._loss_and_grad(params, put(batch), put(rng))
-    if valid.all():
-      (loss, kept), grads = self._loss_and_grad(params, put(batch), put(rng))
-    else:
+    (loss, whole), grads = self._loss_and_grad(params, put(batch), put(rng))
+    kept = whole  # Without padding rows the whole batch is the valid one: no second calculation.
+    if not valid.all():
       (loss, kept), grads = self._loss_and_grad(params, put(_rows(batch, valid)), put(rng[valid]))
     per_row = [_as_float(jax.tree.map(lambda x, i=i: x[i], examples)) for i in range(len(valid))]
     return Calculation(_as_float(whole), per_row, _as_float(kept), float(loss), jax.device_get(grads))
