@@ -5,8 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TENSORBOARD_STAMP := $(VENV)/.installed-tensorboard
+LOGDIR ?= runs
 
-.PHONY: setup train test check test-slurm lint clean
+.PHONY: setup train test check test-slurm lint tensorboard clean
 
 setup: $(STAMP)
 
@@ -34,6 +36,15 @@ check: lint
 # Where SLURM cannot run the tests are skipped, and -rs prints why.
 test-slurm: $(STAMP)
 	$(PY) -m pytest -q -rs tests/test_slurm.py
+
+# The TensorBoard viewer (the `tensorboard` extra, installed on first use; CI never installs it) on
+# every run under LOGDIR: `make tensorboard LOGDIR=runs/smoke`, then open http://localhost:6006.
+$(TENSORBOARD_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev,tensorboard]'
+	touch $(TENSORBOARD_STAMP)
+
+tensorboard: $(TENSORBOARD_STAMP)
+	$(VENV)/bin/tensorboard --logdir "$(LOGDIR)"
 
 clean:
 	rm -rf runs build *.egg-info

@@ -1,7 +1,12 @@
 """Text -> tokens -> ArrayRecord shards that `data.source='arrayrecord'` trains on.
 
-  python -m data.prepare --input='corpus/*.txt,extra.jsonl' --output=DIR --seq_len=N
+  python -m data.prepare --input='corpus/*.txt,extra.jsonl' --seq_len=N [--output=DIR]
       [--tokenizer=byte|PATH.model] [--records_per_shard=K] [--eval_fraction=F] [--overwrite]
+
+Output: DIR, or by default `datasets/NAME` at the repository root (git ignores `datasets/`), NAME from
+the first input: the directory a glob reads (`corpus/*.txt` -> `datasets/corpus`) or a file's name
+without its extension (`more.jsonl` -> `datasets/more`). An output inside the code (data/, model/,
+trainer/, ...) is refused: git would list its shards and a fork could commit them.
 
 Inputs: a comma-separated list of files or glob patterns, read in the order given (each glob sorted).
 A `.jsonl` file holds one document per line in its `text` field; any other file is one document.
@@ -27,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -41,6 +47,10 @@ BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
 SPLITS = ("train", "eval")
 METADATA = "metadata.json"
 WRITER_OPTIONS = "group_size:1"  # One record per chunk: Grain reads records at random.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATASETS_DIR = os.path.join(REPO_ROOT, "datasets")  # The default outputs' parent; in .gitignore.
+# Directories of the repository's code: an output there would sit beside the code in `git status`.
+CODE_DIRS = ("benchmarks", "configs", "data", "experiments", "launch", "model", "tests", "trainer")
 
 
 class ByteTokenizer:
@@ -136,6 +146,33 @@ def read_documents(path: str):
         yield row["text"].encode("utf-8"), where
 
 
+def default_output(inputs: list[str]) -> str:
+  """datasets/NAME at the repository root, NAME from the first input (see the module docstring)."""
+  first = next((p.strip() for p in inputs if p.strip()), "")
+  parts = os.path.normpath(first).split(os.sep) if first else []
+  if glob.has_magic(first):
+    fixed = parts[: next(i for i, part in enumerate(parts) if glob.has_magic(part))]
+    # `*.txt` or `../*.txt` name no directory themselves: use the one they resolve to.
+    name = os.path.basename(os.path.abspath(os.sep.join(fixed) or os.curdir))
+  else:
+    name = os.path.splitext(parts[-1])[0] if parts else ""
+  name = re.sub(r"[^\w.-]+", "_", name).strip("._") or "corpus"
+  return os.path.join(DATASETS_DIR, name)
+
+
+def _check_not_in_code(given: str, output: str) -> None:
+  real = os.path.realpath(output)  # `..` and symbolic links cannot hide a code directory.
+  for name in CODE_DIRS:
+    code = os.path.realpath(os.path.join(REPO_ROOT, name))
+    if os.path.commonpath([real, code]) == code:
+      suggestion = os.path.relpath(os.path.join(DATASETS_DIR, os.path.basename(real)))
+      raise UserError(
+        f"--output={given} is inside the code directory {name}/, where git would list the shards and "
+        f"a fork could commit them; write it outside the code, e.g. --output={suggestion} "
+        "(git ignores datasets/), or leave --output out"
+      )
+
+
 def _check_output(output: str, overwrite: bool) -> None:
   if os.path.exists(output) and not os.path.isdir(output):
     raise UserError(f"--output={output} is a file; give a directory")
@@ -205,23 +242,26 @@ def _write_shards(tokens: np.ndarray, pad_id: int, record_len: int, sizes, recor
 
 def prepare(
   inputs: list[str],
-  output: str,
+  output: str | None,
   seq_len: int,
   tokenizer: str = "byte",
   records_per_shard: int = 16_384,
   eval_fraction: float = 0.01,
   overwrite: bool = False,
 ) -> dict:
-  """Tokenizes the input files into ArrayRecord shards under `output`; returns the metadata written."""
+  """Tokenizes the input files into ArrayRecord shards under `output`; returns the metadata written.
+
+  `output` None (or empty) means `default_output(inputs)`, datasets/NAME at the repository root.
+  """
   if seq_len < 1:
     raise UserError(f"--seq_len must be >= 1 (got {seq_len})")
   if records_per_shard < 1:
     raise UserError(f"--records_per_shard must be >= 1 (got {records_per_shard})")
   if not 0 <= eval_fraction < 1:
     raise UserError(f"--eval_fraction must be in [0, 1) (got {eval_fraction})")
-  if not output:
-    raise UserError("--output is required: the directory to write the shards and metadata.json to")
-  output = os.path.abspath(output)
+  given = output or default_output(inputs)
+  output = os.path.abspath(given)
+  _check_not_in_code(given, output)
   _check_output(output, overwrite)
   files = resolve_inputs(inputs)
   tok = make_tokenizer(tokenizer)
@@ -313,7 +353,9 @@ def _define_flags():
   from absl import flags
 
   flags.DEFINE_string("input", None, "Comma-separated files or globs; .jsonl uses each line's 'text'.")
-  flags.DEFINE_string("output", None, "Directory to write the shards and metadata.json to.")
+  flags.DEFINE_string(
+    "output", None, "Directory to write the shards and metadata.json to (default: datasets/NAME)."
+  )
   flags.DEFINE_integer("seq_len", None, "Tokens the model sees per example; records hold seq_len + 1.")
   flags.DEFINE_string("tokenizer", "byte", "'byte' or a SentencePiece .model file.")
   flags.DEFINE_integer("records_per_shard", 16_384, "Records per ArrayRecord shard.")
@@ -346,9 +388,11 @@ def main(argv):
       raise UserError("--input is required: comma-separated text or .jsonl files or globs")
     if f.seq_len is None:
       raise UserError("--seq_len is required: the tokens per example the model will see")
+    inputs = f.input.split(",")
+    output = f.output or default_output(inputs)
     metadata = prepare(
-      f.input.split(","),
-      f.output or "",
+      inputs,
+      output,
       f.seq_len,
       tokenizer=f.tokenizer,
       records_per_shard=f.records_per_shard,
@@ -364,7 +408,7 @@ def main(argv):
     f"wrote {n['train']} train and {n['eval']} eval records of {metadata['seq_len'] + 1} tokens "
     f"({metadata['num_documents']} documents, {metadata['num_tokens']} tokens, "
     f"vocab {metadata['vocab_size']}) "
-    f"to {os.path.abspath(f.output)}"
+    f"to {os.path.abspath(output)}"
   )
 
 

@@ -5,8 +5,10 @@ import json
 import math
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import uuid
 
 import grain
 import numpy as np
@@ -143,6 +145,50 @@ def test_bad_input_raises_user_error(tmp_path, make, kwargs, match):
     prepare.prepare(**args)
 
 
+def test_default_output_is_a_git_ignored_datasets_dir(tmp_path):
+  name = f"books-{uuid.uuid4().hex[:8]}"
+  (tmp_path / name).mkdir()
+  (tmp_path / name / "t.txt").write_bytes(b"hello world")
+  expected = os.path.join(REPO, "datasets", name)
+  assert prepare.default_output([f"{tmp_path}/{name}/*.txt", "more.jsonl"]) == expected
+  assert prepare.default_output(["notes/more.jsonl"]) == os.path.join(REPO, "datasets", "more")
+  try:
+    ok = run_cli(f"--input={tmp_path}/{name}/*.txt", "--seq_len=2")  # No --output.
+    assert ok.returncode == 0 and ok.stdout.rstrip().endswith(f"to {expected}"), ok.stdout + ok.stderr
+    assert os.path.isfile(os.path.join(expected, "metadata.json"))
+    if os.path.isdir(os.path.join(REPO, ".git")) and shutil.which("git"):  # A checkout, not a copy.
+      status = subprocess.run(["git", "status", "--porcelain", "--", expected], cwd=REPO, capture_output=True)
+      assert status.returncode == 0 and status.stdout == b"", status.stdout  # Ignored: nothing to commit.
+  finally:
+    shutil.rmtree(expected, ignore_errors=True)
+    try:
+      os.rmdir(os.path.join(REPO, "datasets"))  # Leaves no empty datasets/ behind.
+    except OSError:
+      pass
+
+
+def remove_strays(name):
+  """Removes and returns what a run wrote under a unique `name` into the checkout's code directories."""
+  found = []
+  for code in ("data", "tests", "trainer"):
+    for entry in os.listdir(os.path.join(REPO, code)):
+      if name in entry:  # The output, or its `.NAME.partial-*` staging directory.
+        found.append(f"{code}/{entry}")
+        shutil.rmtree(os.path.join(REPO, code, entry))
+  return found
+
+
+@pytest.mark.parametrize("inside", ["data/{name}", "tests/{name}/y", "configs/../trainer/{name}", "model"])
+def test_output_inside_the_code_is_refused(tmp_path, inside):
+  (tmp_path / "t.txt").write_bytes(b"hello world")
+  name = f"corpus-{uuid.uuid4().hex[:8]}"
+  try:
+    with pytest.raises(UserError, match=r"inside the code directory \w+/.*--output=\S*datasets/"):
+      prepare.prepare([str(tmp_path / "t.txt")], os.path.join(REPO, inside.format(name=name)), 4)
+  finally:
+    assert remove_strays(name) == []
+
+
 def test_sentencepiece_missing_is_a_clear_error(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "sentencepiece", None)  # Makes `import sentencepiece` fail.
   (tmp_path / "t.txt").write_bytes(b"text")
@@ -188,3 +234,14 @@ def test_cli(tmp_path):
   assert_one_error_line(run_cli(f"--input={tmp_path}/t.txt", f"--output={out}2", "--seq_len=0"), "--seq_len")
   assert_one_error_line(run_cli(f"--output={out}2", "--seq_len=2"), "--input is required")
   assert_one_error_line(run_cli(f"--input={tmp_path}/t.txt", "--seq_len=x"), "seq_len")
+
+
+def test_cli_refuses_an_output_inside_data(tmp_path):
+  (tmp_path / "t.txt").write_bytes(b"hello world")
+  name = f"corpus-{uuid.uuid4().hex[:8]}"
+  try:
+    result = run_cli(f"--input={tmp_path}/t.txt", f"--output=data/{name}", "--seq_len=2")
+    assert_one_error_line(result, f"--output=data/{name} is inside the code directory data/")
+    assert f"--output=datasets/{name} " in result.stderr
+  finally:
+    assert remove_strays(name) == []

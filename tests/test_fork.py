@@ -28,7 +28,7 @@ sys.exit(0 if verify(cfg, "runs/mine_verify") else 1)
 def _files(root):
   out = {}
   for d, dirs, names in os.walk(root):
-    dirs[:] = [x for x in dirs if x not in (".git", ".venv", "__pycache__", "runs")]
+    dirs[:] = [x for x in dirs if x not in (".git", ".venv", "__pycache__", "runs", "datasets")]
     for name in names:
       path = os.path.join(d, name)
       with open(path, "rb") as f:
@@ -38,7 +38,7 @@ def _files(root):
 
 def test_fork_trains_and_verifies_and_touches_nothing_else(tmp_path):
   copy = tmp_path / "repo"
-  ignore = shutil.ignore_patterns(".git", ".venv", "__pycache__", "runs", "*.egg-info")
+  ignore = shutil.ignore_patterns(".git", ".venv", "__pycache__", "runs", "datasets", "*.egg-info")
   shutil.copytree(REPO, copy, ignore=ignore)
   before = _files(copy)
   run = lambda *argv: subprocess.run(argv, cwd=copy, capture_output=True, text=True, timeout=300)
