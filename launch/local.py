@@ -4,19 +4,24 @@
 
 Every process gets `--coordinator_address=127.0.0.1:PORT --num_processes=P --process_id=I
 --cpu_devices=D` followed by the flags after `--`. Their output comes back line by line, prefixed
-`[pI] `. SIGINT and SIGTERM are passed on to every process (a second one kills them). When one
-process exits non-zero the others are stopped (SIGTERM, then SIGKILL after --grace_s) and the
-launcher exits with that code; it exits 0 when all succeed.
+`[pI] `, less known library chatter (CHATTER; `--verbose`, or `--verbosity` among main.py's flags,
+shows every line). When one process exits non-zero the others are stopped (SIGTERM, then SIGKILL
+after --grace_s) and the launcher exits with that code; it exits 0 when all succeed.
+
+SIGINT and SIGTERM are passed on to every process; main.py then saves at a step all agree on and
+exits 0. The launcher exits with their result, as without a signal: 0 when every process stopped
+cleanly, else the first failing process's code. Only when it has to kill them (a second signal, or
+processes still running --grace_s seconds after the first) does it exit 128 + N, N the signal.
 
 A process in a jax.distributed job does not die of SIGTERM: JAX's preemption service catches it
 and only a training loop that polls `multihost_utils.reached_preemption_sync_point` acts on it.
-Whatever is still running --grace_s seconds after a signal is killed.
 """
 
 import argparse
 import ctypes
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +39,30 @@ CHILD_ENV_DEFAULTS = {
   "JAX_HEARTBEAT_TIMEOUT_S": "10",
   "JAX_SHUTDOWN_TIMEOUT_S": "30",
 }
+
+
+# Lines of library chatter dropped from the processes' output unless --verbose (or main.py's
+# --verbosity) asks for everything; each pattern must match the whole line (less its line end).
+CHATTER = (
+  # Gloo (the CPU collectives) prints this with std::cout, unconditionally, every time it connects a
+  # communicator: about 36 lines per 2-process start. Two of them printed at once by two threads can
+  # merge into pieces like "[Gloo] Rank [Gloo] Rank 2 is ..." and "3 is ...", which this also matches.
+  re.compile(
+    rb"(\[Gloo\] Rank )*\d* ?is connected to \d+ peer ranks\. "
+    rb"Expected number of connected peer ranks is : \d+"
+  ),
+  # JAX's C++ preemption notifier: "SIGTERM caught at TIME" on every process, after a SIGINT as well
+  # (trainer/preemption.py turns SIGINT into SIGTERM, the only way to reach JAX's preemption service).
+  # It cannot be silenced at its source without TF_CPP_MIN_LOG_LEVEL, which would hide every C++
+  # warning; the run's own line, `preempted (SIGINT): saved checkpoint N`, names the signal sent.
+  re.compile(rb"[IW]\d{4} [\d:.]+ +\d+ preemption_notifier\.cc:\d+\] .*"),
+  # Empty lines, e.g. the newline of a Python print that a C++ write split from its text (see _Output).
+  re.compile(rb"\s*"),
+)
+
+
+def is_chatter(line: bytes) -> bool:
+  return any(p.fullmatch(line.rstrip(b"\r\n")) for p in CHATTER)
 
 
 def _log(msg: str) -> None:
@@ -58,20 +87,30 @@ def _die_with_parent() -> None:
 
 
 class _Output:
-  """Copies a child's pipe to ours line by line with a prefix; one lock keeps lines whole."""
+  """Copies a child's pipe to ours line by line with a prefix; one lock keeps lines whole.
+
+  Lines of different processes, or of one process's stdout and stderr (separate pipes), never merge
+  here. A merged line comes from inside one child, where Python and the C++ libraries (Gloo's
+  std::cout, absl logging) share fd 1 and fd 2, and writes from its threads interleave before
+  they reach the pipe: e.g. with PYTHONUNBUFFERED (set below) print writes its text and its newline
+  in two write(2) calls, so a C++ line can land between them, leaving "text[Gloo] ..." and an empty
+  line. The launcher gets those bytes already mixed and cannot take them apart; it keeps the line as
+  it came (dropping it would lose the text). Only the child can fix it, e.g. with
+  `sys.stdout.reconfigure(line_buffering=True)` instead of PYTHONUNBUFFERED: one write per line.
+  """
 
   lock = threading.Lock()
 
-  def __init__(self, pipe, dest, prefix: bytes):
-    self.thread = threading.Thread(target=self._pump, args=(pipe, dest, prefix), daemon=True)
+  def __init__(self, pipe, dest, prefix: bytes, keep_all: bool):
+    self.thread = threading.Thread(target=self._pump, args=(pipe, dest, prefix, keep_all), daemon=True)
     self.thread.start()
 
   @classmethod
-  def _pump(cls, pipe, dest, prefix: bytes) -> None:
+  def _pump(cls, pipe, dest, prefix: bytes, keep_all: bool) -> None:
     broken = False
     with pipe:
       for line in iter(pipe.readline, b""):
-        if broken:
+        if broken or (not keep_all and is_chatter(line)):
           continue  # Keep draining: a child blocked on a full pipe would never exit.
         if not line.endswith(b"\n"):
           line += b"\n"  # A last line without its newline must not run into another process's.
@@ -86,11 +125,15 @@ class _Output:
 class Job:
   """The processes of one job: started together, watched together, stopped together."""
 
-  def __init__(self, argv_per_process: list[list[str]], env: dict[str, str], grace_s: float):
+  def __init__(
+    self, argv_per_process: list[list[str]], env: dict[str, str], grace_s: float, keep_all: bool = False
+  ):
     self.argv_per_process, self.env, self.grace_s = argv_per_process, env, grace_s
+    self.keep_all = keep_all
     self.procs: list[subprocess.Popen] = []
     self.outputs: list[_Output] = []
     self.signalled: int | None = None
+    self.killed = False  # Whether the launcher sent SIGKILL to a process it saw running.
 
   def start(self) -> None:
     for i, argv in enumerate(self.argv_per_process):
@@ -110,12 +153,13 @@ class Job:
       )
       self.procs.append(p)
       prefix = f"[p{i}] ".encode()
-      self.outputs.append(_Output(p.stdout, sys.stdout.buffer, prefix))
-      self.outputs.append(_Output(p.stderr, sys.stderr.buffer, prefix))
+      self.outputs.append(_Output(p.stdout, sys.stdout.buffer, prefix, self.keep_all))
+      self.outputs.append(_Output(p.stderr, sys.stderr.buffer, prefix, self.keep_all))
 
   def kill_all(self, sig: int) -> None:
     for p in self.procs:
       if p.poll() is None:
+        self.killed = self.killed or sig == signal.SIGKILL
         try:
           os.killpg(p.pid, sig)
         except ProcessLookupError:
@@ -133,19 +177,6 @@ class Job:
   def _running(self) -> list[int]:
     return [i for i, p in enumerate(self.procs) if p.poll() is None]
 
-  def _stop(self, terminate: bool) -> None:
-    """Optionally SIGTERM the processes still running; SIGKILL those left after the grace period."""
-    if terminate:
-      self.kill_all(signal.SIGTERM)
-    deadline = time.monotonic() + self.grace_s
-    while self._running() and time.monotonic() < deadline:
-      time.sleep(0.05)
-    if self._running():
-      _log(f"processes {self._running()} still running {self.grace_s:g} s later; killing them")
-      self.kill_all(signal.SIGKILL)
-    for p in self.procs:
-      p.wait()
-
   def wait(self) -> int:
     """Waits for every process and returns the launcher's exit code."""
     # One waiter per process reports exits in the order they happen, so the process that failed
@@ -153,39 +184,43 @@ class Job:
     exits: queue.Queue[int] = queue.Queue()
     for i, p in enumerate(self.procs):
       threading.Thread(target=lambda i=i, p=p: (p.wait(), exits.put(i)), daemon=True).start()
-    failure, left = None, len(self.procs)
-    while left and failure is None and self.signalled is None:
+    failure, left, deadline = None, len(self.procs), None
+    while left:
+      if deadline is None and (failure is not None or self.signalled is not None):
+        # From the first failure or signal on, the rest get --grace_s seconds to end.
+        deadline = time.monotonic() + self.grace_s
+      if deadline is not None and time.monotonic() >= deadline and self._running():
+        _log(f"processes {self._running()} still running {self.grace_s:g} s later; killing them")
+        self.kill_all(signal.SIGKILL)
+        deadline = float("inf")  # Once: they die within moments of SIGKILL.
       try:
-        i = exits.get(timeout=0.1)
+        i = exits.get(timeout=0.05)
       except queue.Empty:
         continue
       left -= 1
-      if self.procs[i].returncode != 0:
-        failure = (i, self.procs[i].returncode)
-    if failure is not None:
-      running = self._running()
-      _log(
-        f"process {failure[0]} exited with code {failure[1]}" + (f"; stopping {running}" if running else "")
-      )
-    if self.signalled is not None:
-      self._stop(terminate=False)  # The forwarded signal already asked them to stop.
-    elif failure is not None:
-      self._stop(terminate=True)
+      code = self.procs[i].returncode
+      if code != 0 and failure is None:
+        failure = (i, 128 - code if code < 0 else code)  # Killed by signal N: the shell's 128 + N.
+        # After a signal the processes are stopping already; a failure alone stops the others.
+        running = self._running() if self.signalled is None else []
+        _log(f"process {i} exited with code {code}" + (f"; stopping {running}" if running else ""))
+        if running:
+          self.kill_all(signal.SIGTERM)
     for out in self.outputs:
       out.thread.join(timeout=5)  # A grandchild holding a pipe open must not hang the launcher.
-    if self.signalled is not None:
-      return 128 + self.signalled
-    if failure is not None:
-      code = failure[1]
-      return 128 - code if code < 0 else code  # Killed by signal N: the shell's 128 + N.
-    return 0
+    if (
+      self.signalled is not None and self.killed and any(p.returncode == -signal.SIGKILL for p in self.procs)
+    ):
+      return 128 + self.signalled  # Killed mid-stop: whatever they were saving may be incomplete.
+    # After a signal as without one: a preempted main.py that saved exits 0 (PREEMPTED_EXIT_CODE aside).
+    return failure[1] if failure is not None else 0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
     prog="launch/local.py",
     description="Run P processes of main.py on 127.0.0.1, joined by jax.distributed.",
-    usage="%(prog)s --processes=P --cpu_devices=D [--grace_s=S] -- MAIN_FLAGS...",
+    usage="%(prog)s --processes=P --cpu_devices=D [--grace_s=S] [--verbose] -- MAIN_FLAGS...",
   )
   parser.add_argument("--processes", type=int, required=True, help="number of processes (P)")
   parser.add_argument("--cpu_devices", type=int, required=True, help="logical CPU devices per process (D)")
@@ -195,6 +230,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   )
   parser.add_argument(
     "--main", default=os.path.join(REPO, "main.py"), help="program every process runs (tests pass a stub)"
+  )
+  parser.add_argument(
+    "--verbose", action="store_true", help="show every line of output, library chatter included (CHATTER)"
   )
   if "--" in argv:
     cut = argv.index("--")
@@ -213,6 +251,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if flag.split("=", 1)[0] in reserved:
       parser.error(f"{flag.split('=', 1)[0]} is set by the launcher; remove it after `--`")
   args.main_flags = main_flags
+  # Asking main.py for the libraries' logs (`--verbosity=0`, absl's `-v`) asks for all their lines too.
+  args.verbose = args.verbose or any(f.split("=", 1)[0].lstrip("-") in ("verbosity", "v") for f in main_flags)
   return args
 
 
@@ -237,7 +277,7 @@ def main(argv: list[str]) -> int:
     ]
     for i in range(args.processes)
   ]
-  job = Job(argv_per_process, env, args.grace_s)
+  job = Job(argv_per_process, env, args.grace_s, keep_all=args.verbose)
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, job.on_signal)
   try:

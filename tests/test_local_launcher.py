@@ -21,31 +21,50 @@ from tests.conftest import REPO, TINY_FLAGS, read_jsonl, train_losses
 LAUNCHER = os.path.join(REPO, "launch", "local.py")
 
 
+# Lines the libraries print in a 2-process main.py run (copied from one), which the launcher drops.
+CHATTER = [
+  "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1",
+  # Two of Gloo's lines, printed at once by two threads of one process.
+  "[Gloo] Rank [Gloo] Rank 2 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3",
+  "3 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3",
+  "W1201 11:55:48.708585   12918 preemption_notifier.cc:90] SIGTERM caught at 2026-12-01T11:55:48.7085+00:00",
+  "",
+  "  ",
+]
+
 # Stands in for main.py: `--act_I=...` says what process I does.
-STUB = textwrap.dedent(
+STUB = f"CHATTER = {CHATTER!r}\n" + textwrap.dedent(
   """
   import os, signal, sys, time
   flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
   me = flags["process_id"]
+  act = flags.get(f"act_{me}", "ok")
+  if act == "chatty":  # The libraries' lines, between two of its own, on both streams.
+    for stream in (sys.stdout, sys.stderr):
+      for line in ["before", *CHATTER, "step 5" + CHATTER[0], "after"]:
+        print(line, file=stream, flush=True)
   print("argv", *sys.argv[1:])
   print("env", *(f"{k}={os.environ.get(k)}" for k in sorted(os.environ) if k.startswith("JAX_")))
   print(f"pid {os.getpid()}")
   print(f"hello from {me}")
   print(f"warning from {me}", file=sys.stderr, end="")  # No newline: the launcher adds one.
   sys.stderr.flush()
-  act = flags.get(f"act_{me}", "ok")
   if act.startswith("exit"):
     time.sleep(0.5)
     sys.exit(int(act[4:]))
   if act == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-  if act == "polite":
+  if act == "deaf":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+  if act.startswith(("polite", "slow")):  # Stops on a signal (after 1 s when slow), exiting 0 or N.
     def bye(signum, frame):
+      time.sleep(1 if act.startswith("slow") else 0)
       print(f"got {signal.Signals(signum).name}", flush=True)
-      sys.exit(0)
+      sys.exit(int(act.removeprefix("polite").removeprefix("slow") or 0))
     signal.signal(signal.SIGTERM, bye)
     signal.signal(signal.SIGINT, bye)
-  if act != "ok":
+  if act not in ("ok", "chatty"):
     print("ready", flush=True)
     time.sleep(120)
   """
@@ -160,36 +179,110 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(stub):
   assert all(_gone(pid) for pid in _pids_of(result, 2))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signals_are_passed_on_to_every_process(stub, sig):
-  launcher = subprocess.Popen(
-    [sys.executable, LAUNCHER, "--processes=2", "--cpu_devices=1", f"--main={stub}", "--"]
-    + ["--act_0=polite", "--act_1=polite"],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-  )
-  try:
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in launcher.stdout], daemon=True).start()
-    seen, deadline = [], time.monotonic() + 30
-    while sum(line.endswith("ready\n") for line in seen) < 2:
-      seen.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
-    launcher.send_signal(sig)
-    assert launcher.wait(timeout=20) == 128 + sig
-    launcher.stdout.close()
-    time.sleep(0.2)  # The reader thread drains what is left.
-    while not lines.empty():
-      seen.append(lines.get())
-    for i in range(2):
-      assert f"[p{i}] got {sig.name}\n" in seen, seen
-  finally:
-    if launcher.poll() is None:
-      launcher.kill()  # Its processes die with it (PR_SET_PDEATHSIG).
-      launcher.wait(timeout=10)
-    for pid in _processes_mentioning(stub):
+class _Background:
+  """The launcher running in the background, its output read as it comes (a full pipe would block
+  it): stdout lines into `seen` (by `read_until`), stderr lines into `err`."""
+
+  def __init__(self, args, tag: str):
+    self.tag = tag
+    self.proc = subprocess.Popen(
+      [sys.executable, LAUNCHER, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    self.lines, self.seen, self.err = queue.Queue(), [], []
+    self.readers = [
+      threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout], daemon=True),
+      threading.Thread(target=self.err.extend, args=(self.proc.stderr,), daemon=True),
+    ]
+    for reader in self.readers:
+      reader.start()
+
+  def read_until(self, done, timeout: float) -> None:
+    """Reads stdout lines until `done(self.seen)`."""
+    deadline = time.monotonic() + timeout
+    while not done(self.seen):
+      self.seen.append(self.lines.get(timeout=max(0.1, deadline - time.monotonic())))
+
+  def wait(self, timeout: float) -> int:
+    """The launcher's exit code, once it and its output have ended."""
+    code = self.proc.wait(timeout=timeout)
+    for reader in self.readers:
+      reader.join(timeout=5)
+    while not self.lines.empty():
+      self.seen.append(self.lines.get())
+    return code
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    if self.proc.poll() is None:
+      self.proc.kill()  # Its processes die with it (PR_SET_PDEATHSIG).
+      self.proc.wait(timeout=10)
+    for pid in _processes_mentioning(self.tag):
       os.kill(pid, signal.SIGKILL)
+
+
+def _signal_job(stub, acts, signals, grace_s=10.0, timeout=30):
+  """Runs one stub process per act, sends the launcher `signals` (0.5 s apart) once every process is
+  ready; returns the launcher's exit code, seconds from the first signal to its exit, its stdout
+  lines and its stderr."""
+  args = [f"--processes={len(acts)}", "--cpu_devices=1", f"--grace_s={grace_s}", f"--main={stub}", "--"]
+  with _Background(args + [f"--act_{i}={act}" for i, act in enumerate(acts)], tag=stub) as job:
+    job.read_until(lambda seen: sum(line.endswith("ready\n") for line in seen) == len(acts), timeout=30)
+    t0 = time.monotonic()
+    for k, sig in enumerate(signals):
+      time.sleep(0.5 if k else 0)
+      job.proc.send_signal(sig)
+    code = job.wait(timeout)
+    return code, time.monotonic() - t0, job.seen, "".join(job.err)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda sig: sig.name)
+def test_a_signal_reaches_every_process_and_a_clean_stop_exits_0(stub, sig):
+  code, _, seen, err = _signal_job(stub, ["polite", "polite"], [sig])
+  assert code == 0, err  # main.py saved and stopped: nothing failed.
+  assert f"[launch] got {sig.name}; passing it to every process" in err
+  for i in range(2):
+    assert f"[p{i}] got {sig.name}\n" in seen, seen
+
+
+def test_after_a_signal_the_first_failing_process_sets_the_exit_code(stub):
+  code, _, seen, err = _signal_job(stub, ["polite", "polite5"], [signal.SIGINT])
+  assert code == 5, err
+  assert "[launch] process 1 exited with code 5" in err
+  assert "[p0] got SIGINT\n" in seen and "[p1] got SIGINT\n" in seen
+
+
+def test_after_a_signal_the_launcher_exits_128_plus_n_only_when_it_kills(stub):
+  # A process slower to stop than the others, within the grace period: nothing is killed.
+  code, _, seen, err = _signal_job(stub, ["polite", "slow"], [signal.SIGINT], grace_s=30)
+  assert code == 0, err
+  assert "killing" not in err, err
+  assert "[p1] got SIGINT\n" in seen, seen
+  # One that never stops is killed after the grace period...
+  code, elapsed, _, err = _signal_job(stub, ["polite", "deaf"], [signal.SIGINT], grace_s=1)
+  assert code == 128 + signal.SIGINT, err
+  assert "[launch] processes [1] still running 1 s later; killing them" in err
+  assert elapsed < 10
+  # ...or at once by a second signal.
+  code, elapsed, _, err = _signal_job(stub, ["deaf", "polite"], [signal.SIGTERM] * 2, grace_s=60)
+  assert code == 128 + signal.SIGTERM, err
+  assert "[launch] second signal; killing every process" in err
+  assert elapsed < 10
+
+
+def test_library_chatter_is_dropped_unless_everything_is_asked_for(stub):
+  def run(*launcher_flags, main_flags=()):
+    flags = ["--processes=2", "--cpu_devices=1", *launcher_flags, f"--main={stub}", "--", "--act_1=chatty"]
+    result = _launch(*flags, *main_flags, tag=stub)
+    assert result.returncode == 0, result.stderr
+    streams = _lines(result.stdout, "[p1] "), _lines(result.stderr, "[p1] ")
+    return [out[out.index("before") : out.index("after") + 1] for out in streams]
+
+  merged = "step 5" + CHATTER[0]  # Keeps its own text: the launcher cannot split what came merged.
+  assert run() == [["before", merged, "after"]] * 2
+  assert run("--verbose") == [["before", *CHATTER, merged, "after"]] * 2
+  assert run(main_flags=["--verbosity=0"]) == [["before", *CHATTER, merged, "after"]] * 2
 
 
 @pytest.mark.parametrize(
@@ -224,13 +317,17 @@ def _assert_close(a: dict, b: dict, steps):
     assert abs(a[s] - b[s]) <= 1e-5 * abs(b[s]), (s, a[s], b[s])
 
 
+PADDED = ["--config.data.num_examples=68"]
+
+
 @pytest.fixture(scope="module")
 def five_steps(tmp_path_factory):
-  """A 5-step run in two processes of 4 devices, and one in a single process of 8."""
+  """A 5-step run in two processes of 4 devices, and one in a single process of 8. 68 records: the
+  last batch of the epoch (step 5) has 4 valid rows of 16, so one process's rows are all padding."""
   two, one = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("one")
-  result = _main_two(two, "--config.steps=5")
+  result = _main_two(two, "--config.steps=5", *PADDED)
   assert result.returncode == 0, result.stdout + result.stderr
-  single = _main_single(one, "--config.steps=5")
+  single = _main_single(one, "--config.steps=5", *PADDED)
   assert single.returncode == 0, single.stdout + single.stderr
   return two, one, result
 
@@ -244,15 +341,18 @@ def test_two_processes_train_like_one(five_steps):
   assert (two / "processes" / "process_0.jsonl").exists()
   assert (two / "processes" / "process_1.jsonl").exists()
   _assert_close(train_losses(str(two)), train_losses(str(one)), range(1, 6))
+  for run in (two, one):  # The padded batch was reached.
+    rows = [r for r in read_jsonl(str(run / "metrics.jsonl")) if "loss" in r]
+    assert [r["valid_examples"] for r in rows] == [16, 16, 16, 16, 4]
 
 
 @pytest.mark.slow
 def test_two_processes_resume_like_one(five_steps):
   two, one, _ = five_steps
-  result = _main_two(two, "--config.steps=7")
+  result = _main_two(two, "--config.steps=7", *PADDED)
   assert result.returncode == 0, result.stdout + result.stderr
   assert "[p0] resumed from checkpoint 5" in result.stdout
-  single = _main_single(one, "--config.steps=7")
+  single = _main_single(one, "--config.steps=7", *PADDED)
   assert single.returncode == 0, single.stdout + single.stderr
   assert "resumed from checkpoint 5" in single.stdout
   # A fresh 7-step run has another learning-rate schedule; the single process resumed the same way.
@@ -288,6 +388,26 @@ def test_a_failing_process_ends_the_job(tmp_path):
 
 
 @pytest.mark.slow
+def test_two_processes_stop_on_sigint_save_and_exit_0_without_library_chatter(tmp_path):
+  args = [
+    "--processes=2",
+    "--cpu_devices=4",
+    "--",
+    *TINY_FLAGS,
+    "--config.steps=1000",
+    f"--workdir={tmp_path}",
+  ]
+  with _Background(args, tag=str(tmp_path)) as job:
+    job.read_until(lambda seen: any(line.startswith("[p0] step 3/") for line in seen), timeout=150)
+    job.proc.send_signal(signal.SIGINT)  # Training, past the first steps.
+    assert job.wait(timeout=60) == 0, job.err
+    out, err = job.seen, job.err
+    assert any(re.match(r"\[p0\] preempted \(SIGINT\): saved checkpoint \d+", line) for line in out), out
+    assert not [line for line in err if "SIGTERM caught" in line]  # JAX's, for the SIGINT turned SIGTERM.
+    assert not [line for line in out + err if "[Gloo]" in line or line.strip() in ("[p0]", "[p1]")]
+
+
+@pytest.mark.slow
 def test_four_processes_train_like_one_and_resume_in_one_process(tmp_path):
   """4 processes x 2 devices match 1 x 8; the 4-process checkpoint resumes in 1 process, which then
   sees exactly the global batches the 4 processes would have seen (invariant 2, 3)."""
@@ -303,7 +423,7 @@ def test_four_processes_train_like_one_and_resume_in_one_process(tmp_path):
     timeout=180,
   )
   assert result.returncode == 0, result.stdout + result.stderr
-  assert "[p3] " in result.stdout + result.stderr
+  assert (four / "processes" / "process_3.jsonl").exists()  # Process 3 trained (it prints nothing itself).
   assert _main_single(one, "--config.steps=3").returncode == 0
   _assert_close(train_losses(str(four)), train_losses(str(one)), range(1, 4))
 
