@@ -170,3 +170,25 @@ def test_hybrid_mesh_across_processes_matches_one_process(tmp_path):
   assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
   for s in a:
     assert abs(a[s] - b[s]) <= 1e-5 * abs(b[s]), (s, a[s], b[s])
+
+
+def test_a_process_stuck_in_a_read_is_named_though_its_watchdog_thread_reports(tmp_path):
+  # Process 1's main thread blocks in its wait for global batch 4 (a sleep: the GIL is released, its
+  # watchdog thread goes on reporting); process 0 waits for it in the step's collectives.
+  launcher = subprocess.Popen(
+    [sys.executable, LAUNCHER, "--processes=2", "--cpu_devices=4", "--grace_s=5"]
+    + ["--main=tests/main_with_pauses.py", "--", "read=600@4/p1", f"--workdir={tmp_path}", *LONG],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env={**os.environ, "JAX_HEARTBEAT_TIMEOUT_S": "40"},
+  )
+  try:
+    out, _ = launcher.communicate(timeout=STEP_TIMEOUT_S + 90)
+  finally:
+    _cleanup(launcher)
+  assert launcher.returncode != 0, out
+  # Whichever watchdog fires first (both deadlines pass within milliseconds) names process 1.
+  assert re.search(r"\[p[01]\] watchdog: suspect process 1: furthest behind \((this )?process", out), out
+  assert "in data at step 5" in out, out

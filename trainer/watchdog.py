@@ -2,9 +2,15 @@
 
 The loop says where it is (`beat(phase, step)`); a thread checks the deadline. Past it, the thread
 dumps every Python thread's stack (faulthandler), prints which process is stuck at which step and
-phase, names the peer whose progress report is oldest (the likely straggler: a stopped or wedged
-process cannot report), and exits non-zero; the launcher or scheduler then ends the rest. Heartbeats
-of JAX's distributed service only catch dead processes; this also catches live, stuck ones.
+phase, names the likely straggler among the processes, and exits non-zero; the launcher or scheduler
+then ends the rest. Heartbeats of JAX's distributed service only catch dead processes; this also
+catches live, stuck ones.
+
+Each process publishes its main thread's progress (phase, step, and when it entered them), not only
+that its watchdog thread is alive: a main thread blocked in a read that releases the GIL leaves the
+thread reporting happily, and only its progress shows it is behind. The suspect is the process that
+stopped reporting (stopped, wedged or dead), else the one furthest behind (lowest step, then the
+earliest phase).
 """
 
 import faulthandler
@@ -20,6 +26,8 @@ from trainer import multihost
 
 EXIT_CODE = 3
 _REPORT_EVERY_S = 1.0
+# A step's phases in the order the loop enters them: at the same step, an earlier phase is behind.
+PHASES = ("startup", "restore", "compile", "data", "step", "checkpoint", "eval", "finish")
 
 
 class Watchdog:
@@ -49,8 +57,8 @@ class Watchdog:
     while not self._stop.wait(_REPORT_EVERY_S):
       with self._lock:
         phase, step, timeout_s, since = self.phase, self.step, self.timeout_s, self.since
-      if client is not None:  # Our progress, for a peer's watchdog to read if we stall.
-        report = json.dumps({"phase": phase, "step": step, "time": time.time()})
+      if client is not None:  # Our main thread's progress, for a peer's watchdog to read if we stall.
+        report = json.dumps({"phase": phase, "step": step, "since": since, "time": time.time()})
         try:
           client.key_value_set(f"watchdog/{jax.process_index()}", report, allow_overwrite=True)
         except Exception:  # noqa: BLE001 - the service may be gone; our own deadline still holds.
@@ -64,7 +72,9 @@ class Watchdog:
       f"watchdog: process {me} stuck in {phase} at step {step} for {waited:.0f} s "
       f"(timeout {timeout_s:.0f} s); dumping stacks and exiting"
     ]
-    lines += _peer_reports(client, me) if client is not None else []
+    if client is not None:
+      mine = {"phase": phase, "step": step, "since": time.time() - waited, "time": time.time()}
+      lines += peer_lines(_read_reports(client, me), me, mine, time.time())
     print("\n".join(lines), file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     print(lines[0], file=sys.stderr, flush=True)  # Again after the stacks: the line people look for.
@@ -72,8 +82,8 @@ class Watchdog:
     os._exit(EXIT_CODE)
 
 
-def _peer_reports(client, me: int) -> list[str]:
-  now, reports = time.time(), {}
+def _read_reports(client, me: int) -> dict[int, dict | None]:
+  reports = {}
   for peer in range(jax.process_count()):
     if peer == me:
       continue
@@ -81,18 +91,37 @@ def _peer_reports(client, me: int) -> list[str]:
       reports[peer] = json.loads(client.key_value_try_get(f"watchdog/{peer}"))
     except Exception:  # noqa: BLE001 - never reported.
       reports[peer] = None
-  lines = []
-  for peer, r in reports.items():
+  return reports
+
+
+def peer_lines(reports: dict[int, dict | None], me: int, mine: dict, now: float) -> list[str]:
+  """What every peer was doing, and the suspect: see the module docstring."""
+  lines, silent = [], {}
+  for peer, r in sorted(reports.items()):
     if r is None:
       lines.append(f"watchdog: process {peer} never reported progress")
-    else:
-      ago = now - r["time"]
-      lines.append(
-        f"watchdog: process {peer} last reported {r['phase']} at step {r['step']}, {ago:.0f} s ago"
-      )
-  stale = {p: (now - r["time"] if r else float("inf")) for p, r in reports.items()}
-  if stale:
-    suspect = max(stale, key=stale.get)
-    if stale[suspect] > 3 * _REPORT_EVERY_S:
-      lines.append(f"watchdog: suspect process {suspect}: it stopped reporting (stopped, wedged or dead)")
+      silent[peer] = float("inf")
+      continue
+    lines.append(
+      f"watchdog: process {peer} in {r['phase']} at step {r['step']} for {now - r['since']:.0f} s "
+      f"(last report {now - r['time']:.0f} s ago)"
+    )
+    if now - r["time"] > 3 * _REPORT_EVERY_S:
+      silent[peer] = now - r["time"]
+  if silent:
+    suspect = max(silent, key=silent.get)
+    return [*lines, f"watchdog: suspect process {suspect}: it stopped reporting (stopped, wedged or dead)"]
+  everyone = {me: mine, **{p: r for p, r in reports.items() if r is not None}}
+  progress = {
+    p: (r["step"], PHASES.index(r["phase"]) if r["phase"] in PHASES else 0) for p, r in everyone.items()
+  }
+  behind = min(progress, key=progress.get)
+  ahead = [p for p in everyone if progress[p] > progress[behind]]
+  if len(ahead) == len(everyone) - 1 and ahead:  # One process behind all the others.
+    r = everyone[behind]
+    who = "this process" if behind == me else f"process {behind}"
+    lines.append(
+      f"watchdog: suspect process {behind}: furthest behind ({who} is in {r['phase']} at step "
+      f"{r['step']} for {now - r['since']:.0f} s; every other process is past it)"
+    )
   return lines

@@ -1,0 +1,63 @@
+"""The watchdog: who it names, and the budget of each phase (restore and compile apart from start-up;
+evaluation mode watched too). The multi-process cases are in tests/test_multihost_failures.py."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, TINY_FLAGS, tiny_config
+from trainer import watchdog
+from trainer.train import train
+
+NOW = 1000.0
+
+
+def _report(phase, step, since_ago, reported_ago=0.5):
+  return {"phase": phase, "step": step, "since": NOW - since_ago, "time": NOW - reported_ago}
+
+
+def test_a_peer_whose_main_thread_is_stuck_is_named_though_its_thread_reports():
+  mine = _report("step", 7, 20)  # Blocked in a collective, waiting for process 2.
+  reports = {1: _report("step", 7, 20), 2: _report("data", 7, 21)}  # 2 waits for a read; thread alive.
+  lines = watchdog.peer_lines(reports, 0, mine, NOW)
+  assert "watchdog: process 2 in data at step 7 for 21 s (last report 0 s ago)" in lines
+  assert lines[-1].startswith("watchdog: suspect process 2: furthest behind")
+
+
+def test_a_peer_that_stopped_reporting_is_named_and_equals_are_not_suspected():
+  mine = _report("step", 7, 20)
+  lines = watchdog.peer_lines({1: _report("step", 7, 20), 2: _report("step", 5, 60, 30)}, 0, mine, NOW)
+  assert lines[-1] == "watchdog: suspect process 2: it stopped reporting (stopped, wedged or dead)"
+  lines = watchdog.peer_lines({1: _report("step", 7, 20)}, 0, mine, NOW)
+  assert not any("suspect" in line for line in lines)  # Nobody is behind: no guess.
+
+
+def _main(workdir, pauses, *flags):
+  return subprocess.run(
+    [sys.executable, "tests/main_with_pauses.py", pauses, "--cpu_devices=8", *TINY_FLAGS]
+    + [f"--workdir={workdir}", *flags],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=180,
+  )
+
+
+@pytest.mark.slow
+def test_restore_has_its_own_budget_and_evaluation_mode_is_watched(tmp_path):
+  train(tiny_config(steps=4), str(tmp_path), stop_after=2)
+  # A restore slower than the start-up budget, within its own: the run resumes and finishes.
+  slow_restore = _main(tmp_path, "restore=6", "--config.steps=4", "--config.watchdog.startup_timeout_s=4")
+  assert slow_restore.returncode == 0, slow_restore.stderr
+  assert "resumed from checkpoint 2" in slow_restore.stdout
+  # --mode=eval whose evaluation hangs ends with the watchdog's report instead of hanging.
+  hung = _main(
+    tmp_path,
+    "eval=60",
+    "--mode=eval",
+    "--config.watchdog.compile_timeout_s=2",
+    "--config.watchdog.step_timeout_s=2",
+  )
+  assert hung.returncode == watchdog.EXIT_CODE, hung.stderr
+  assert "watchdog: process 0 stuck in eval at step 4" in hung.stderr
