@@ -5,11 +5,16 @@
 The only file that defines flags. Mistakes a user can make end with one `error:` line.
 """
 
+import os
 import re
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from trainer import interrupts
+
+interrupts.install()  # Before anything slow is imported: a signal from here on is one line, not a traceback.
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/smoke_cpu.py[:ARG].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, summary.")
@@ -38,12 +43,22 @@ def _fail(msg: str) -> None:
   sys.exit(2)
 
 
+def _interrupted(e: interrupts.Interrupted) -> None:
+  print(e.line(), file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  # At once: threads of Orbax or Grain may be mid-flight, and a joined process would otherwise wait
+  # at JAX's shutdown barrier for peers. Nothing was being written that a restart needs.
+  os._exit(e.exit_code)
+
+
 def _parse_flags(argv):
   """absl's parser, with its errors (unknown or misspelt config keys among them) as `error:` lines."""
   from errors import UserError
 
   try:
     return flags.FLAGS(argv)
+  except interrupts.Interrupted as e:  # Loading the config file imports the experiment, and JAX.
+    _interrupted(e)
   except UserError as e:  # A config argument (`:tiny,fsdp=8`) or an experiment that is not there.
     _fail(str(e))
   except flags.Error as e:
@@ -79,6 +94,8 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
   from errors import UserError
 
+  if _MODE.value != "train":
+    interrupts.during(f"--mode={_MODE.value}")
   try:
     from trainer import pathways, runtime
 
@@ -101,6 +118,8 @@ def main(argv):
     from trainer.run import run
 
     run(_CONFIG.value, _WORKDIR.value, _MODE.value)
+  except interrupts.Interrupted as e:
+    _interrupted(e)
   except UserError as e:
     _fail(str(e))
   except OSError as e:  # An unwritable or misplaced --workdir, a missing data file.

@@ -70,10 +70,16 @@ def get_config(experiment: str = "lm") -> ml_collections.ConfigDict:
   c.checkpoint.replica_parallel = (
     False  # Split replicated shards' writes across replicas (see checkpointing.py).
   )
+  # Resume although these keys differ from the checkpoint's, e.g. 'seed,global_batch_size': keys that
+  # change the data order are refused otherwise (trainer/resume_policy.py).
+  c.checkpoint.allow_changed_keys = ""
 
   c.watchdog = ml_collections.ConfigDict()
-  c.watchdog.startup_timeout_s = 600.0  # Start-up incl. first compile longer than this ends the job.
-  c.watchdog.step_timeout_s = 300.0  # A step, barrier or save longer than this ends the job.
+  # Each phase has its own budget; past it the job ends with a report naming the stuck process.
+  c.watchdog.startup_timeout_s = 600.0  # Building the mesh, data and model, and agreeing with peers.
+  c.watchdog.restore_timeout_s = 600.0  # Reading a checkpoint (at start-up and on a rollback).
+  c.watchdog.compile_timeout_s = 600.0  # Compiling the step, and the first step (peers still compile).
+  c.watchdog.step_timeout_s = 300.0  # A step, barrier, save or evaluation.
 
   # Adds the experiment's keys, then locks: a config that sets a key defined nowhere fails on load.
   return configuration.with_experiment(c, experiment)

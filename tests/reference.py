@@ -55,6 +55,39 @@ def mean_loss(params, tokens):
 loss_and_grad = jax.jit(jax.value_and_grad(mean_loss))
 
 
+@jax.jit
+def _document_loss(params, rows, lengths):
+  """Mean next-token cross-entropy of documents, one per row [N, n] from position 0, each `lengths`
+  long: a row's tail beyond its document is never attended to (causal) and never predicted."""
+  logp = jax.nn.log_softmax(logits(params, rows[:, :-1]))
+  xent = -jnp.take_along_axis(logp, rows[:, 1:, None], axis=-1)[..., 0]
+  inside = jnp.arange(rows.shape[1] - 1)[None, :] < (lengths[:, None] - 1)
+  return jnp.sum(jnp.where(inside, xent, 0.0)) / jnp.sum(lengths - 1)
+
+
+def documents(row: np.ndarray, pad_id: int, eos_id: int | None) -> list[np.ndarray]:
+  """A stored record's documents: the tokens before its first pad, cut after each end-of-document
+  token when packed. How a reader of the corpus would see it; no masks, segment ids or positions."""
+  pads = np.flatnonzero(row == pad_id)
+  row = row[: pads[0]] if len(pads) else row
+  if eos_id is None:
+    return [row]
+  cuts = np.flatnonzero(row == eos_id) + 1
+  return [d for d in np.split(row, cuts) if len(d)]
+
+
+def document_loss_and_grad(params, docs: list[np.ndarray]):
+  """Mean next-token cross-entropy over every prediction inside every document, each document run
+  alone in a row of its own (positions from 0), and its gradient: the objective of a packed, padded
+  batch. Returns (loss, grads, predictions counted)."""
+  docs = [d for d in docs if len(d) > 1]
+  width = max(len(d) for d in docs)
+  rows = np.stack([np.pad(d, (0, width - len(d))) for d in docs])
+  lengths = np.asarray([len(d) for d in docs])
+  loss, grads = jax.value_and_grad(_document_loss)(params, rows, lengths)
+  return loss, grads, int(np.sum(lengths - 1))
+
+
 def learning_rate(count, peak, warmup, total, end_factor):
   """Linear warm-up then cosine decay, for the update of step count + 1."""
   step = count + 1

@@ -116,6 +116,7 @@ def test_nan_rollback_restores_the_last_good_checkpoint_and_skips_the_batches(tm
   assert [r["step"] for r in trained] == list(range(1, STEPS + 1))
   assert [r["batch"] for r in trained] == [0, 1, 2, 3, 5, 6, 7, 8]  # Batch 4 skipped, nothing repeated.
   assert all(np.isfinite(r["loss"]) for r in trained)
+  assert summary["tokens_trained_this_run"] == sum(r["valid_tokens"] for r in trained)  # Not the NaN step.
   with open(os.path.join(tmp_path, "checkpoints", str(STEPS), "data", "metadata")) as f:
     assert json.load(f)["batch_offset"] == 1
 
@@ -126,7 +127,7 @@ def test_two_rollbacks_between_saves_skip_both_windows(tmp_path, monkeypatch):
   summary = train(cfg, str(tmp_path))
   assert summary["final_step"] == STEPS and summary["nonfinite_rollbacks"] == 2
   rows = read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))
-  assert [r["skipped_batches"] for r in rows if r.get("event")] == [[4, 4], [5, 6]]
+  assert [r["skipped_batches"] for r in rows if r.get("event") == "nonfinite_rollback"] == [[4, 4], [5, 6]]
   assert [r["batch"] for r in rows if "loss" in r] == [0, 1, 2, 3, 7, 8, 9, 10]
 
 
@@ -135,3 +136,11 @@ def test_a_smaller_model_names_the_parameter_the_checkpoint_has_extra(tmp_path):
   with pytest.raises(UserError, match=r"checkpoint 2 has a parameter blocks/1/\S+ \(the model has none"):
     train(_cfg(), str(tmp_path))
   assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == ["2"]  # Nothing set aside.
+
+
+def test_rollbacks_are_counted_across_restarts(tmp_path, monkeypatch):
+  _poison(monkeypatch, [4, 6])
+  cfg = _cfg(**{"checkpoint.on_nonfinite": "rollback", "checkpoint.max_rollbacks": 1})
+  assert train(cfg, str(tmp_path), stop_after=5)["nonfinite_rollbacks"] == 1  # Batch 4 skipped.
+  with pytest.raises(UserError, match=r"NaN/Inf at step 6"):  # The restart has no fresh allowance.
+    train(cfg, str(tmp_path))

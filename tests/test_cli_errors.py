@@ -52,9 +52,19 @@ def test_a_config_file_setting_an_unknown_key_is_an_error(tmp_path):
   _assert_one_error_line(result, "unknown config key 'stpes'", "did you mean 'steps'")
 
 
-def test_a_workdir_that_is_a_file_is_an_error(tmp_path):
+@pytest.mark.parametrize("where", ["a file", "/proc/x"])
+def test_a_workdir_that_cannot_be_made_is_an_error(tmp_path, where):
   (tmp_path / "file").write_text("")
-  _assert_one_error_line(run_main(SMOKE, f"--workdir={tmp_path / 'file'}", "--cpu_devices=8"), "file")
+  workdir = tmp_path / "file" if where == "a file" else where
+  _assert_one_error_line(
+    run_main(SMOKE, f"--workdir={workdir}", "--cpu_devices=8"), f"--workdir={workdir}: cannot create it"
+  )
+
+
+def test_evaluating_a_workdir_never_trained_is_an_error_and_creates_nothing(tmp_path):
+  result = run_main(SMOKE, f"--workdir={tmp_path}", "--cpu_devices=8", "--mode=eval")
+  _assert_one_error_line(result, "has no checkpoint; train first")
+  assert result.returncode == 2 and list(tmp_path.iterdir()) == []
 
 
 def test_missing_workdir_is_an_error():

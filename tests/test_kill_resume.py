@@ -1,7 +1,9 @@
-"""kill -9 at any moment, SIGTERM, and a second signal mid-save: the run resumes and its loss
-trajectory equals an uninterrupted run's exactly, with every global batch trained exactly once."""
+"""kill -9 at any moment (the final save included), SIGINT, and a second signal mid-save: the run
+resumes and its loss trajectory, eval row and summary equal an uninterrupted run's exactly, with every
+global batch trained exactly once."""
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -26,8 +28,8 @@ FLAGS = [
 ]
 
 
-def _start(workdir, pause_in_save_s=None):
-  main = ["tests/main_pausing_saves.py", str(pause_in_save_s)] if pause_in_save_s else ["main.py"]
+def _start(workdir, pauses=None):
+  main = ["tests/main_with_pauses.py", pauses] if pauses else ["main.py"]
   return subprocess.Popen(
     [sys.executable, *main, "--cpu_devices=8", *FLAGS, f"--workdir={workdir}"],
     cwd=REPO,
@@ -87,14 +89,27 @@ def straight(tmp_path_factory):
   proc = _start(workdir)
   out = _finish(proc)
   assert proc.returncode == 0, out
-  return {r["step"]: r["loss"] for r in _rows(workdir)}
+  return _outcome(workdir)
+
+
+def _outcome(workdir):
+  """What the run trained and reported: losses by step, eval rows, summary (minus this run's timings)."""
+  rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = {
+      k: v for k, v in json.load(f).items() if k not in ("wall_s", "compile_s", "tokens_trained_this_run")
+    }
+  evals = [{k: v for k, v in r.items() if k != "time"} for r in rows if "eval_loss" in r]
+  return {r["step"]: r["loss"] for r in rows if "loss" in r}, evals, summary
 
 
 def _assert_exact_continuation(workdir, straight):
   rows = _rows(workdir)
   assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # Nothing skipped or repeated.
   assert [r["batch"] for r in rows] == list(range(STEPS))  # Each global batch exactly once.
-  assert {r["step"]: r["loss"] for r in rows} == straight  # Bitwise.
+  losses, evals, summary = _outcome(workdir)
+  assert losses == straight[0]  # Bitwise.
+  assert evals == straight[1] and summary == straight[2]
 
 
 def test_sigkill_at_five_moments_resumes_exactly(tmp_path, straight):
@@ -104,7 +119,7 @@ def test_sigkill_at_five_moments_resumes_exactly(tmp_path, straight):
   resumed_from = []
   for i, moment in enumerate(moments[:2] + ["mid-save"] + moments[2:]):
     stale = frozenset(_partial_saves(workdir))  # What an earlier kill left; cleaned at start-up.
-    proc = _start(workdir, pause_in_save_s=60 if moment == "mid-save" else None)
+    proc = _start(workdir, pauses="save=60" if moment == "mid-save" else None)
     try:
       if moment == "mid-save":  # Deterministic: the save holds its temporary directory open.
         _wait_until(lambda s=stale: _saving(workdir, s), proc)  # This leg's own save.
@@ -119,6 +134,15 @@ def test_sigkill_at_five_moments_resumes_exactly(tmp_path, straight):
   # The first kill lands at step 10 or later (the seeded moments are 10, 17, 21, 26), after the
   # checkpoints of steps 4 and 8: every later leg resumes from one, none starts over.
   assert len(resumed_from) == 4 and all(resumed_from), resumed_from
+  # The last leg is killed in the final save: the rerun trains the last steps again.
+  stale = frozenset(_partial_saves(workdir))
+  proc = _start(workdir, pauses=f"save=60@{STEPS}")
+  try:
+    _wait_until(lambda: _saving(workdir, stale) and _last_step(workdir) == STEPS, proc)
+    proc.send_signal(signal.SIGKILL)
+  finally:
+    _finish(proc)
+  assert not os.path.exists(os.path.join(workdir, "summary.json"))
   proc = _start(workdir)
   out = _finish(proc)
   assert proc.returncode == 0, out
@@ -127,18 +151,18 @@ def test_sigkill_at_five_moments_resumes_exactly(tmp_path, straight):
   _assert_exact_continuation(workdir, straight)
 
 
-def test_sigterm_saves_and_exits_zero_and_a_second_signal_mid_save_is_harmless(tmp_path, straight):
+def test_sigint_saves_and_exits_zero_and_a_second_signal_mid_save_is_harmless(tmp_path, straight):
   workdir = str(tmp_path)
-  proc = _start(workdir, pause_in_save_s=2)
+  proc = _start(workdir, pauses="save=2")
   try:
     _wait_until(lambda: len(_rows(workdir)) >= 6, proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C mid-step: the same path as a preemption.
     _wait_until(lambda: _saving(workdir) and len(_rows(workdir)) > 6, proc, timeout=60)
     proc.send_signal(signal.SIGTERM)  # While the preemption save is being written.
   finally:
     out = _finish(proc, timeout=60)
   assert proc.returncode == 0, out
-  stopped = [line for line in out.splitlines() if line.startswith("preempted (SIGTERM): saved checkpoint")]
+  stopped = [line for line in out.splitlines() if line.startswith("preempted (SIGINT): saved checkpoint")]
   assert len(stopped) == 1, out
   step = int(stopped[0].split("checkpoint ")[1].split(";")[0])
   assert step < STEPS and os.path.isdir(os.path.join(workdir, "checkpoints", str(step)))

@@ -107,7 +107,9 @@ def test_two_processes_follow_one_process(straight, tmp_path):
 def test_kill_and_resume_is_bitwise(straight, tmp_path):
   workdir = str(tmp_path)
   # Each save's background write is held open 1 s, so the run is still going when it is killed.
-  proc = _main("--cpu_devices=8", *FLAGS, f"--workdir={workdir}", main=["tests/main_pausing_saves.py", "1"])
+  proc = _main(
+    "--cpu_devices=8", *FLAGS, f"--workdir={workdir}", main=["tests/main_with_pauses.py", "save=1"]
+  )
   try:
     deadline = time.time() + 120
     while not os.path.isdir(os.path.join(workdir, "checkpoints", "8")) and time.time() < deadline:

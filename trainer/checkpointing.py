@@ -10,6 +10,7 @@ import os
 import subprocess
 import time
 from importlib import metadata as importlib_metadata
+from typing import NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
@@ -23,14 +24,35 @@ DATA_POSITION_VERSION = 2
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def data_position(step: int, batch_offset: int, comp) -> dict:
+def make_workdir(workdir: str) -> None:
+  """The run directory, created if needed; one that cannot be made or written is a UserError."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    reason = e.strerror or e
+    raise UserError(
+      f"--workdir={workdir}: cannot create it ({reason}); use a directory you can write"
+    ) from None
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise UserError(f"--workdir={workdir}: not writable; use a writable directory")
+
+
+def has_checkpoints(workdir: str) -> bool:
+  """Whether workdir/checkpoints holds a step directory (without creating anything)."""
+  directory = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def data_position(step: int, batch_offset: int, comp, rollbacks: int = 0) -> dict:
   """Where the data stands after `step` steps: the next global batch is step + batch_offset (the offset
-  counts batches skipped by a NaN rollback). Independent of process and device counts."""
+  counts batches skipped by a NaN rollback). Independent of process and device counts. It also
+  carries the rollbacks so far, so checkpoint.max_rollbacks holds across restarts."""
   return {
     "version": DATA_POSITION_VERSION,
     "step": step,
     "next_batch": step + batch_offset,
     "batch_offset": batch_offset,
+    "rollbacks": rollbacks,
     "seed": comp.plan.seed,
     "num_records": comp.plan.num_records,
     "global_batch_size": comp.plan.global_batch_size,
@@ -47,12 +69,7 @@ def check_data_position(saved: dict, step: int, comp, allow_changed_data: bool) 
   if saved["step"] != step or saved["next_batch"] != step + saved["batch_offset"]:
     raise UserError(f"checkpoint {step}: its data position {saved} does not belong to step {step}")
   now = data_position(step, saved["batch_offset"], comp)
-  for key in ("seed", "global_batch_size"):
-    if saved[key] != now[key]:
-      raise UserError(
-        f"checkpoint {step} was trained with {key}={saved[key]}, the config says {now[key]}: the data "
-        f"order would change; restore the value or start a new workdir"
-      )
+  # A changed seed or global batch size is judged by trainer/resume_policy.py, from the saved config.
   changed = [k for k in ("num_records", "fingerprint") if saved[k] != now[k]]
   if changed and not allow_changed_data:
     detail = ", ".join(f"{k} {saved[k]} -> {now[k]}" for k in changed)
@@ -89,6 +106,12 @@ def _paths_and_shapes(tree) -> dict[str, tuple]:
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     out["/".join(path_keys(path))] = tuple(leaf.shape)
   return out
+
+
+class Restored(NamedTuple):
+  state: TrainState
+  data: dict  # The data position (see data_position).
+  step: int
 
 
 class Checkpoints:
@@ -130,7 +153,7 @@ class Checkpoints:
       "meta": ocp.JsonCheckpointHandler(),
     }
 
-  def restore_latest(self, target: TrainState, set_aside: bool = True) -> tuple[TrainState, dict, int] | None:
+  def restore_latest(self, target: TrainState, set_aside: bool = True) -> Restored | None:
     """The newest checkpoint that restores, onto `target`'s shardings (any mesh or device count).
 
     A damaged one is reported, skipped and (with `set_aside`) moved aside; every process makes the
@@ -150,9 +173,13 @@ class Checkpoints:
         error = e
       # Each process reads its own shards: all fall back together if any one failed.
       if multihost.all_agree(f"restore_{step}", error is None, timeout_s=600):
-        return restored["state"], restored["data"], step
+        return Restored(restored["state"], restored["data"], step)
       self._skip(step, error, set_aside)
     return None
+
+  def saved_config(self, step: int) -> dict:
+    """The config checkpoint `step` was trained with (as JSON)."""
+    return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
   def _check_shapes(self, step: int, target: TrainState) -> None:
     try:

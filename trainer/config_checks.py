@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 
 from errors import UserError
-from trainer import sharding
+from trainer import resume_policy, sharding
 
 Rule = Callable[[object], str | None]  # None if the value is allowed, else what is allowed.
 
@@ -56,6 +56,18 @@ def text(v) -> str | None:
   return None if isinstance(v, str) else "a string"
 
 
+def names_from(*allowed) -> Rule:
+  """A comma-separated list, each a name from `allowed` ('' for none)."""
+
+  def rule(v):
+    wrong = isinstance(v, str) and [n for n in v.split(",") if n.strip() and n.strip() not in allowed]
+    if isinstance(v, str) and not wrong:
+      return None
+    return "a comma-separated list of " + ", ".join(allowed) + " (or '')"
+
+  return rule
+
+
 def pairs(v) -> str | None:
   ok = isinstance(v, tuple | list) and all(isinstance(e, tuple | list) and len(e) == 2 for e in v)
   return None if ok else "a tuple of (logical axis, mesh axes) pairs"
@@ -97,7 +109,10 @@ RULES: dict[str, Rule] = {
   "checkpoint.on_nonfinite": one_of("stop", "rollback"),
   "checkpoint.max_rollbacks": whole(0),
   "checkpoint.replica_parallel": boolean,
+  "checkpoint.allow_changed_keys": names_from(*resume_policy.REFUSED),
   "watchdog.startup_timeout_s": real(0.0, low_open=True),
+  "watchdog.restore_timeout_s": real(0.0, low_open=True),
+  "watchdog.compile_timeout_s": real(0.0, low_open=True),
   "watchdog.step_timeout_s": real(0.0, low_open=True),
 }
 

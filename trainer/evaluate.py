@@ -12,6 +12,7 @@ from trainer import checkpointing, components
 from trainer import state as state_lib
 from trainer.metrics import console, device_label, eval_line
 from trainer.step import make_eval_step
+from trainer.watchdog import Watchdog
 
 
 def evaluate(comp: components.Components, eval_step, params, config) -> dict:
@@ -37,20 +38,30 @@ def evaluate(comp: components.Components, eval_step, params, config) -> dict:
 
 def evaluate_checkpoint(config, workdir: str) -> dict:
   """Restores the newest checkpoint of `workdir` onto this mesh and evaluates it; writes eval.json."""
-  comp = components.build(config)
-  ckpt = checkpointing.Checkpoints(workdir, config.checkpoint.keep, config.checkpoint.keep_every)
-  restored = ckpt.restore_latest(
-    state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx), set_aside=False
-  )
-  ckpt.close()
-  if restored is None:
+  # Before any Orbax manager exists: nothing is created in a workdir that was never trained.
+  if not checkpointing.has_checkpoints(workdir):
     raise UserError(f"--mode=eval: {workdir}/checkpoints has no checkpoint; train first")
-  state, _, step = restored
-  row = {
-    "step": step,
-    **evaluate(comp, make_eval_step(comp), state.params, config),
-    "devices": device_label(),
-  }
+  w = config.watchdog
+  watchdog = Watchdog(w.startup_timeout_s, w.step_timeout_s)  # A wedged peer must not hang a collective.
+  try:
+    comp = components.build(config)
+    watchdog.beat("restore", 0, w.restore_timeout_s)
+    ckpt = checkpointing.Checkpoints(workdir, config.checkpoint.keep, config.checkpoint.keep_every)
+    restored = ckpt.restore_latest(
+      state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx), set_aside=False
+    )
+    ckpt.close()
+    if restored is None:
+      raise UserError(f"--mode=eval: no checkpoint in {workdir}/checkpoints could be restored")
+    watchdog.beat("eval", restored.step, w.compile_timeout_s + w.step_timeout_s)  # Compiles, then runs.
+    row = {
+      "step": restored.step,
+      **evaluate(comp, make_eval_step(comp), restored.state.params, config),
+      "devices": device_label(),
+    }
+  finally:
+    watchdog.stop()
+  step = restored.step
   console(f"checkpoint {step}: {eval_line(row)} over {row['eval_examples']} held-out examples")
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "eval.json"), "w") as f:

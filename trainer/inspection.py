@@ -99,7 +99,9 @@ def report(config, devices=None) -> dict:
         "output": memory.output_size_in_bytes,
         "temp": memory.temp_size_in_bytes,
       },
-      "flops": float(cost.get("flops", 0.0)),
+      # XLA's cost analysis is of the partitioned program one device runs (8 devices: 1/8 of a matmul).
+      "flops_per_device": float(cost.get("flops", 0.0)),
+      "flops_all_devices": float(cost.get("flops", 0.0)) * comp.mesh.devices.size,
       "collectives": collectives(compiled.as_text(), comp.mesh),
     },
   }
@@ -124,7 +126,8 @@ def inspect(config, workdir: str) -> dict:
   m = c["memory_per_device"]
   console(
     f"compiled step per device: arguments {m['argument']:,} B, outputs {m['output']:,} B, "
-    f"temporaries {m['temp']:,} B; {c['flops']:,.0f} FLOPs"
+    f"temporaries {m['temp']:,} B; {c['flops_per_device']:,.0f} FLOPs per device per step "
+    f"({c['flops_all_devices']:,.0f} on all devices)"
   )
   for e in c["collectives"]:
     console(f"  {e['kind']:<18} x{e['count']:<4} {e['bytes_per_device']:>12,} B/device over {e['axes']}")

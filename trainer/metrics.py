@@ -3,6 +3,7 @@ process), and the console progress line."""
 
 import json
 import os
+import re
 import time
 
 import jax
@@ -24,9 +25,14 @@ def _jsonable(v):
   return v
 
 
-def truncate_jsonl(path: str, after_step: int) -> None:
-  """Drops rows past `after_step` (a resumed run trains those steps again) and a line torn by a kill
-  mid-write. Atomic: a kill during the rewrite leaves the old file, never a shorter one."""
+def _is_eval_row(row: dict) -> bool:
+  return any(k.startswith("eval_") for k in row)
+
+
+def truncate_jsonl(path: str, after_step: int, drop_eval_at: int | None = None) -> None:
+  """Drops rows past `after_step` (a resumed run trains those steps again), the eval row at
+  `drop_eval_at` (an evaluation done again) and a line torn by a kill mid-write. Atomic: a kill during
+  the rewrite leaves the old file, never a shorter one."""
   if not os.path.exists(path):
     return
   rows = []
@@ -36,7 +42,7 @@ def truncate_jsonl(path: str, after_step: int) -> None:
         row = json.loads(line)
       except ValueError:
         continue
-      if row.get("step", 0) <= after_step:
+      if row.get("step", 0) <= after_step and not (row.get("step") == drop_eval_at and _is_eval_row(row)):
         rows.append(json.dumps(row) + "\n")
   with open(path + ".tmp", "w") as f:
     f.writelines(rows)
@@ -44,8 +50,14 @@ def truncate_jsonl(path: str, after_step: int) -> None:
 
 
 class MetricsLog:
-  def __init__(self, workdir: str, resume_step: int):
+  """A resumed run (or a rollback) first forgets what it will do again: rows past its step in every
+  file, and in TensorBoard through `purge_step` (TensorBoard hides the orphaned events). Each process
+  writes its own processes/process_I.jsonl; every run appends a `start` row saying how many processes
+  it has, so a file a bigger earlier run left behind is told apart from this run's."""
+
+  def __init__(self, workdir: str, resume_step: int, drop_eval_at: int | None = None):
     self.is_main = jax.process_index() == 0
+    self._workdir = workdir
     proc_dir = os.path.join(workdir, "processes")
     os.makedirs(proc_dir, exist_ok=True)
     self._process_path = os.path.join(proc_dir, f"process_{jax.process_index()}.jsonl")
@@ -53,18 +65,39 @@ class MetricsLog:
     self._process = open(self._process_path, "a")
     self._metrics = self._tb = None
     if self.is_main:
-      from tensorboardX import SummaryWriter
-
       path = os.path.join(workdir, "metrics.jsonl")
-      truncate_jsonl(path, resume_step)
+      truncate_jsonl(path, resume_step, drop_eval_at)
       self._metrics = open(path, "a")
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb = self._tensorboard(resume_step)
+      processes = jax.process_count()
+      found = [re.fullmatch(r"process_(\d+)\.jsonl", name) for name in os.listdir(proc_dir)]
+      stale = sorted(i for m in found if m and (i := int(m.group(1))) >= processes)
+      self.write({"step": resume_step, "time": time.time(), "event": "start", "processes": processes})
+      if stale:
+        console(f"processes/: files of processes {stale} are from an earlier run with more processes")
+    self.write_process({"step": resume_step, "time": time.time(), "event": "start"})
+
+  def _tensorboard(self, after_step: int):
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(os.path.join(self._workdir, "tensorboard"), purge_step=after_step + 1)
 
   def truncate(self, after_step: int) -> None:
     """Forgets rows past `after_step` (a rollback trains those steps again)."""
     self._process = self._reopen(self._process, after_step)
     if self.is_main:
       self._metrics = self._reopen(self._metrics, after_step)
+      self._tb.close()
+      self._tb = self._tensorboard(after_step)
+
+  def last_train_row(self, step: int) -> dict:
+    """The train row logged at `step` (process 0; {} elsewhere or if none): a rerun that only
+    finishes the evaluation and summary reports the loss the run ended with."""
+    if not self.is_main:
+      return {}
+    with open(self._metrics.name) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    return next((r for r in reversed(rows) if r.get("step") == step and "loss" in r), {})
 
   @staticmethod
   def _reopen(f, after_step: int):
@@ -79,7 +112,7 @@ class MetricsLog:
     row = {k: _jsonable(v) for k, v in row.items()}
     self._metrics.write(json.dumps(row) + "\n")
     self._metrics.flush()
-    for k, v in row.items():
+    for k, v in row.items() if "event" not in row else ():
       if k not in ("step", "time") and isinstance(v, int | float):
         self._tb.add_scalar(k, v, row["step"])
 
@@ -101,18 +134,23 @@ class Window:
   def __init__(self, unit: str):
     self.start = time.time()
     self.unit = unit  # What the loss's count counts: the experiment's UNIT.
-    self.steps, self.data_wait, self.fetch, self.dispatch, self.checkpoint = 0, 0.0, 0.0, 0.0, 0.0
-    self.count = 0.0
-    self._counts, self._unchecked = [], []  # Device scalars: every step's count; (step, finite, count).
+    self.steps, self.data_wait, self.fetch, self.dispatch = 0, 0.0, 0.0, 0.0
+    self.checkpoint = self.evaluation = 0.0  # Seconds the loop spent saving and evaluating.
+    self.valid_examples = 0
+    self.step_counts: list[tuple[int, float]] = []  # (step, valid count), once the window closes.
+    self._counts, self._unchecked = [], []  # Device scalars: (step, count); (step, finite, count).
 
-  def add_step(self, step: int, data_wait_s: float, fetch_s: float, dispatch_s: float, metrics: dict) -> None:
+  def add_step(
+    self, step: int, data_wait_s: float, fetch_s: float, dispatch_s: float, metrics: dict, valid_examples: int
+  ) -> None:
     """data_wait_s: blocked because the next batch was not ready (an input stall); fetch_s: all the
     time taking it, including waiting for the GIL behind other host threads."""
     self.steps += 1
     self.data_wait += data_wait_s
     self.fetch += fetch_s
     self.dispatch += dispatch_s
-    self._counts.append(metrics["count"])
+    self.valid_examples += valid_examples
+    self._counts.append((step, metrics["count"]))
     self._unchecked.append((step, metrics["finite"], metrics["count"]))
 
   def first_nonfinite_step(self) -> tuple[int, bool] | None:
@@ -124,20 +162,24 @@ class Window:
     bad = [(step, float(count) == 0) for step, (ok, count) in zip(steps, flags, strict=True) if not ok]
     return bad[0] if bad else None
 
-  def close(self, step: int, metrics: dict, valid_examples: int, device_wait_s: float) -> tuple[dict, dict]:
-    """(metrics.jsonl row, processes/process_I.jsonl row) for the window ending at `step`."""
+  def close(self, step: int, metrics: dict, device_wait_s: float) -> tuple[dict, dict]:
+    """(metrics.jsonl row, processes/process_I.jsonl row) for the window ending at `step`: counts
+    over all its steps, and rates over its training time (saving and evaluating excluded; the
+    process row has both)."""
     now = time.time()
-    elapsed = now - self.start
-    self.count = float(sum(jax.device_get(self._counts)))
+    training = max(now - self.start - self.checkpoint - self.evaluation, 1e-9)
+    counts = jax.device_get([count for _, count in self._counts])
+    self.step_counts = [(s, float(n)) for (s, _), n in zip(self._counts, counts, strict=True)]
+    total = sum(n for _, n in self.step_counts)
     row = {
       "step": step,
       "time": now,
       **{k: float(v) for k, v in metrics.items() if k not in ("finite", "count")},
-      f"valid_{self.unit}": float(metrics["count"]),
-      "valid_examples": valid_examples,
-      "step_time_s": elapsed / self.steps,
+      f"valid_{self.unit}": total,
+      "valid_examples": self.valid_examples,
+      "step_time_s": training / self.steps,
       "data_wait_s": self.data_wait / self.steps,
-      f"{self.unit}_per_s": self.count / elapsed,
+      f"{self.unit}_per_s": total / training,
     }
     process_row = {
       "step": step,
@@ -149,6 +191,7 @@ class Window:
       "dispatch_s": self.dispatch,
       "device_wait_s": device_wait_s,
       "checkpoint_block_s": self.checkpoint,
+      "eval_s": self.evaluation,
     }
     return row, process_row
 

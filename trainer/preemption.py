@@ -29,10 +29,10 @@ class Preemption:
       pass
 
   def _note(self, signum, frame) -> None:
-    self.received = signal.Signals(signum).name
+    self.received = self.received or signal.Signals(signum).name  # The first signal is the cause.
 
   def _to_sigterm(self, signum, frame) -> None:
-    self.received = signal.Signals(signum).name
+    self.received = self.received or signal.Signals(signum).name
     signal.raise_signal(signal.SIGTERM)  # To JAX's preemption notifier, which tells every process.
 
   def should_stop(self, step: int) -> bool:

@@ -1,14 +1,16 @@
 """The training loop: one function, read top to bottom."""
 
+import contextlib
 import json
 import os
 import time
 
 import jax
+import numpy as np
 
 from data import pipeline
 from errors import UserError
-from trainer import checkpointing, components, multihost
+from trainer import checkpointing, components, interrupts, multihost, resume_policy
 from trainer import state as state_lib
 from trainer.evaluate import evaluate
 from trainer.metrics import MetricsLog, Window, closing_line, console, device_label, eval_line, progress_line
@@ -28,15 +30,14 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
   targets config.steps), after saving a checkpoint there. `devices` defaults to all devices.
   """
   t_start = time.time()
-  os.makedirs(workdir, exist_ok=True)
-  watchdog = Watchdog(config.watchdog.startup_timeout_s, config.watchdog.step_timeout_s)
-  try:
-    return _train(config, workdir, stop_after, devices, watchdog, t_start)
-  finally:
-    watchdog.stop()
+  checkpointing.make_workdir(workdir)
+  with contextlib.ExitStack() as cleanup:
+    watchdog = Watchdog(config.watchdog.startup_timeout_s, config.watchdog.step_timeout_s)
+    cleanup.callback(watchdog.stop)
+    return _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup)
 
 
-def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
+def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> dict:
   # --- Setup: mesh, experiment, data order, optimizer, shardings (config errors surface here).
   comp = components.build(config, devices)
   meta = checkpointing.run_metadata(comp, config)
@@ -59,42 +60,52 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
   ckpt = checkpointing.Checkpoints(workdir, c.keep, c.keep_every, c.replica_parallel)
   target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
 
-  def restore_or_init():
-    """(state, batch_offset): the offset counts batches skipped by NaN rollbacks."""
+  def restore_or_init(resuming: bool):
+    """(state, batch offset, rollbacks so far): the offset counts batches skipped by NaN rollbacks.
+    `resuming`: judge what changed in the config since the checkpoint (a rollback changes nothing)."""
     restored = ckpt.restore_latest(target)
     if restored is None:
-      return init(), 0
-    state, position, step = restored
+      return init(), 0, 0
+    state, position, step = restored.state, restored.data, restored.step
+    if resuming:
+      saved = ckpt.saved_config(step)
+      for line in resume_policy.check(saved, agreed["config"], step, config.checkpoint.allow_changed_keys):
+        console(line)
     checkpointing.check_data_position(position, step, comp, config.data.allow_changed_data)
-    return state, position["batch_offset"]
+    return state, position["batch_offset"], position.get("rollbacks", 0)
 
-  state, batch_offset = restore_or_init()
+  watchdog.beat("restore", 0, config.watchdog.restore_timeout_s)
+  state, batch_offset, rollbacks = restore_or_init(resuming=True)
   start = int(state.step)
   last_step = config.steps if stop_after is None else min(stop_after, config.steps)
-  if start >= last_step:  # Nothing to train: leave the run's outputs as they are.
-    ckpt.close()
-    console(f"already trained to step {start} (config.steps={config.steps}); nothing to do")
-    path = os.path.join(workdir, "summary.json")
-    if not os.path.exists(path):
-      return {"final_step": start}
-    with open(path) as f:
-      return json.load(f)
-  if start:
+  summary_path = os.path.join(workdir, "summary.json")
+  if start >= last_step:
+    summary = _read_json(summary_path)
+    # A kill after the final checkpoint but before the summary: the rerun finishes evaluation and summary.
+    complete = summary is not None and summary.get("final_step") == start
+    timeout_s = config.watchdog.step_timeout_s
+    if start < config.steps or multihost.all_agree("summary_complete", complete, timeout_s):
+      ckpt.close()
+      console(f"already trained to step {start} (config.steps={config.steps}); nothing to do")
+      return summary or {"final_step": start}
+    console(f"checkpoint {start} is the last; finishing its evaluation and summary")
+  elif start:
     console(f"resumed from checkpoint {start}")
   console(f"params: {state_lib.param_count(state.params):,}; steps {start} -> {config.steps}")
 
   # --- Compile ahead of time, so compile time is measured apart from step time.
+  watchdog.beat("compile", start, config.watchdog.compile_timeout_s)
   t0 = time.time()
   local_batches = components.local_batches(comp)
-  batch_spec = pipeline.global_spec(local_batches(start + batch_offset), comp.batch_sharding, b)
-  train_step = make_train_step(comp, config.microbatches)
-  eval_step = make_eval_step(comp)
-  with jax.set_mesh(comp.mesh):
-    train_step = train_step.lower(state, batch_spec).compile()
+  train_step, eval_step = make_train_step(comp, config.microbatches), make_eval_step(comp)
+  if start < last_step:
+    batch_spec = pipeline.global_spec(local_batches(start + batch_offset), comp.batch_sharding, b)
+    with jax.set_mesh(comp.mesh):
+      train_step = train_step.lower(state, batch_spec).compile()
   compile_s = time.time() - t0
 
   # --- The loop. Batches are prepared ahead by Grain threads and copied to the devices ahead.
-  log = MetricsLog(workdir, resume_step=start)
+  log = MetricsLog(workdir, resume_step=start, drop_eval_at=start if start >= last_step else None)
 
   def open_batches(step):
     first = step + batch_offset  # Global batch t trains step t - batch_offset + 1.
@@ -104,17 +115,33 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
     )
     return pipeline.DevicePrefetch(it, comp.batch_sharding, b, depth=d.prefetch)
 
+  # From here a signal means "save and stop" (trainer/preemption.py), up to the end of the summary.
   batches, preemption = open_batches(start), Preemption()
+  cleanup.callback(preemption.restore_handlers)
+  interrupts.during("the end of training")  # Once train() returns and the handlers are restored.
   unit = comp.experiment.UNIT
-  window, last, eval_row, counted, rollbacks = Window(unit), {}, {}, 0.0, 0
+  window, last, eval_row = Window(unit), log.last_train_row(start), {}
+  eval_compiled = False
+
+  def evaluate_and_log(at: int) -> dict:
+    nonlocal eval_compiled
+    t = config.watchdog.step_timeout_s if eval_compiled else config.watchdog.compile_timeout_s
+    watchdog.beat("eval", at, t)  # The first evaluation compiles the evaluation step.
+    row = evaluate(comp, eval_step, state.params, config)
+    eval_compiled = True
+    log.write({"step": at, "time": time.time(), **row})
+    return row
+
+  trained = np.zeros(max(last_step - start, 0))  # Valid units per step of this run, kept steps only.
   step = start
   try:
     while step < last_step:
-      # The run's first step waits in its collectives for peers still compiling: start-up's budget.
-      first = config.watchdog.startup_timeout_s if step == start else None
-      watchdog.beat("step", step + 1, first)
+      # The run's first step waits in its collectives for peers still compiling: compile's budget.
+      first = config.watchdog.compile_timeout_s if step == start else None
+      watchdog.beat("data", step + 1, first)
       t0 = time.time()
       t, local, batch = next(batches)
+      watchdog.beat("step", step + 1, first)
       assert t == step + batch_offset, (t, step, batch_offset)  # The data position is the step.
       # A globally empty batch never reaches the devices. Rows are known globally from the plan; weights
       # are known here only for this process's rows (with several processes, a count of 0 shows as a
@@ -125,7 +152,12 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
       state, metrics = train_step(state, batch)
       step += 1
       window.add_step(
-        step, batches.last_starved_s, fetch_s=t1 - t0, dispatch_s=time.time() - t1, metrics=metrics
+        step,
+        batches.last_starved_s,
+        fetch_s=t1 - t0,
+        dispatch_s=time.time() - t1,
+        metrics=metrics,
+        valid_examples=comp.plan.valid_rows(t),
       )
       ckpt.poll()  # A background save's error surfaces here, at the next step.
 
@@ -144,12 +176,14 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
             f"loss or gradient norm is NaN/Inf at step {bad} (window {lo}..{step}); lower "
             f"optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback"
           )
-        rollbacks += 1
+        rollbacks += 1  # Saved with the next checkpoint: a restarted job does not start counting afresh.
         batches.close()
         ckpt.wait()
         old_offset = batch_offset
-        state, _ = restore_or_init()
+        watchdog.beat("restore", step, config.watchdog.restore_timeout_s)
+        state, _, _ = restore_or_init(resuming=False)
         good = int(state.step)
+        trained[max(good - start, 0) :] = 0  # Those steps' work is thrown away.
         # Steps good+1..bad trained batches good+old_offset..bad-1+old_offset: skip them. The offset
         # builds on the current one, not the checkpoint's, so earlier skips since that save stay skipped.
         batch_offset = old_offset + bad - good
@@ -161,43 +195,51 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
         batches = open_batches(step)
         continue
 
+      # A logged step's window closes after its save, so its checkpoint blocking is in its own row,
+      # and a new window opens after the evaluation: no window's throughput includes either.
       if log_now:
         metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
-        row, process_row = window.close(step, metrics, comp.plan.valid_rows(t), time.time() - t1)
+        device_wait_s = time.time() - t1
+      if save_now:
+        watchdog.beat("checkpoint", step)
+        t3 = time.time()
+        position = checkpointing.data_position(step, batch_offset, comp, rollbacks)
+        ckpt.save(step, state, position, config, meta)  # Async: the write goes on in the background.
+        window.checkpoint += time.time() - t3
+      if log_now:
+        row, process_row = window.close(step, metrics, device_wait_s)
         row["batch"] = t  # The data position this step trained on: checkable after any restart.
         log.write(row)
         for record in [process_row, *ckpt.drain()]:
           log.write_process(record)
+        for at, n in window.step_counts:
+          if at > start:  # (A rollback to before this run's start retrains earlier steps.)
+            trained[at - start - 1] = n
         eta = (config.steps - step) * row["step_time_s"]
         console(progress_line(step, config.steps, row["loss"], unit, row[f"{unit}_per_s"], eta))
-        last, counted, window = row, counted + window.count, Window(unit)
-
-      if save_now:
-        watchdog.beat("checkpoint", step)
-        t3 = time.time()
-        position = checkpointing.data_position(step, batch_offset, comp)
-        ckpt.save(step, state, position, config, meta)  # Async: the write goes on in the background.
-        window.checkpoint += time.time() - t3
+        last = row
 
       if config.eval_every and step % config.eval_every == 0 and step != config.steps:
-        watchdog.beat("eval", step)
-        eval_row = evaluate(comp, eval_step, state.params, config)
-        log.write({"step": step, "time": time.time(), **eval_row})
+        t4 = time.time()
+        eval_row = evaluate_and_log(step)
         console(f"step {step}/{config.steps}  {eval_line(eval_row)}")
+        window.evaluation += time.time() - t4
+      if log_now:
+        window = Window(unit)
 
       if stop:
         break
   finally:
     batches.close()
-    preemption.restore_handlers()
     watchdog.beat("checkpoint", step)
     ckpt.wait()  # Even on an error: a good checkpoint in flight is finished, not left half-written.
 
-  # --- The end: final evaluation, wait for the last write, summary.
+  # --- The end: final evaluation, wait for the last write, summary. A signal here is noted, and the
+  # run finishes: the checkpoint is saved, and the evaluation and summary take seconds.
   watchdog.beat("finish", step)
   if config.eval_steps and step == config.steps:
-    eval_row = evaluate(comp, eval_step, state.params, config)
-    log.write({"step": step, "time": time.time(), **eval_row})
+    eval_row = evaluate_and_log(step)
+    watchdog.beat("finish", step)
   ckpt.close()
   for record in ckpt.drain():
     log.write_process(record)
@@ -208,19 +250,31 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start) -> dict:
     **eval_row,
     "loss_floor": comp.sources.loss_floor,
     "examples_seen": comp.plan.examples_before(step + batch_offset),
-    f"{unit}_trained_this_run": counted,
-    "nonfinite_rollbacks": rollbacks,
+    f"{unit}_trained_this_run": float(trained.sum()),
+    "nonfinite_rollbacks": rollbacks,  # Over the whole run, restarts included.
     "preempted_by": preemption.received,
     "wall_s": time.time() - t_start,
     "compile_s": compile_s,
     "devices": device_label(comp.mesh.devices.flatten()),
+    "processes": jax.process_count(),
   }
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
+    with open(summary_path + ".tmp", "w") as f:
       json.dump(summary, f, indent=2)
+    os.replace(summary_path + ".tmp", summary_path)  # A kill mid-write leaves no torn summary.
   multihost.barrier("end_of_training", timeout_s=config.watchdog.step_timeout_s)
-  if preemption.received:
+  if preemption.received and step < config.steps:
     console(f"preempted ({preemption.received}): saved checkpoint {step}; run the same command to resume")
+  elif preemption.received:
+    console(f"{preemption.received} received at the end of training: the run finished anyway")
   if last and step == config.steps:
     console(closing_line(step, last, eval_row, comp.sources.loss_floor))
   return summary
+
+
+def _read_json(path: str) -> dict | None:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):  # Missing, or torn by a kill mid-write.
+    return None

@@ -1,0 +1,92 @@
+"""main.py with pauses injected where a test needs to land a signal or a kill, for tests only:
+
+  python tests/main_with_pauses.py PAUSES MAIN_FLAGS...
+
+(PAUSES is the first argument not starting with `--`, so launch/local.py's --main can run it with
+PAUSES among the flags after `--`.)
+
+PAUSES is a comma-separated list of WHERE=SECONDS[@N][/pI]: `@N` limits it to step (or global
+batch) N, `/pI` to process I. Each pause prints `pause: WHERE ...` on stdout first, so a test can
+wait for it. WHERE is one of:
+- save: the data-position write of a checkpoint (in Orbax's background thread: the loop goes on while
+  the step directory is still temporary, and a kill lands mid-save deterministically); N is the step.
+- startup: before the mesh, data and model are built.
+- restore: before the newest checkpoint is read.
+- eval: before every evaluation (in the main thread, which a signal handler interrupts and resumes).
+- read: the loop's wait for global batch N (a blocking read that releases the GIL, as a stuck
+  filesystem would; the watchdog thread keeps running).
+"""
+
+import os
+import re
+import runpy
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from data import pipeline  # noqa: E402
+from trainer import checkpointing, components, evaluate, train  # noqa: E402
+
+PAUSES = {}
+for item in sys.argv.pop(next(i for i, a in enumerate(sys.argv) if i and not a.startswith("--"))).split(","):
+  m = re.fullmatch(r"(save|startup|restore|eval|read)=([\d.]+)(?:@(\d+))?(?:/p(\d+))?", item)
+  assert m, f"bad pause {item!r}"
+  PAUSES[m.group(1)] = (float(m.group(2)), m.group(3) and int(m.group(3)), m.group(4) and int(m.group(4)))
+PROCESS = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--process_id=")), 0)
+
+
+def pause(where: str, n: int | None = None) -> None:
+  if where not in PAUSES:
+    return
+  seconds, only_n, only_process = PAUSES[where]
+  if (only_n is None or n == only_n) and (only_process is None or PROCESS == only_process):
+    print(f"pause: {where} {n if n is not None else ''}", flush=True)
+    time.sleep(seconds)
+
+
+_handlers = checkpointing.Checkpoints.item_handlers
+
+
+def _paused_handlers() -> dict:
+  handlers = _handlers()
+  data = handlers["data"]
+  write = data._save_fn
+
+  async def paused_write(x, directory):
+    step = re.search(r"/(\d+)[^/]*/data", str(directory))
+    pause("save", int(step.group(1)) if step else None)
+    await write(x, directory)
+
+  data._save_fn = paused_write
+  return handlers
+
+
+def _wrap(module, name, before):
+  original = getattr(module, name)
+
+  def wrapped(*args, **kwargs):
+    before(*args)
+    return original(*args, **kwargs)
+
+  setattr(module, name, wrapped)
+
+
+checkpointing.Checkpoints.item_handlers = staticmethod(_paused_handlers)
+_wrap(components, "build", lambda *a: pause("startup"))
+_wrap(train, "evaluate", lambda *a: pause("eval"))
+_wrap(evaluate, "evaluate", lambda *a: pause("eval"))  # --mode=eval's.
+_wrap(checkpointing.Checkpoints, "restore_latest", lambda *a: pause("restore"))
+_next = pipeline.DevicePrefetch.__next__
+
+
+def _paused_next(self):
+  item = _next(self)
+  pause("read", item[0])
+  return item
+
+
+pipeline.DevicePrefetch.__next__ = _paused_next
+sys.argv[0] = os.path.join(REPO, "main.py")
+runpy.run_path(sys.argv[0], run_name="__main__")
