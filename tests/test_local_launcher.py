@@ -1,7 +1,7 @@
 """launch/local.py: P real processes joined by jax.distributed on 127.0.0.1.
 
-The fast tests run the launcher on a stub program (prefixes, arguments, exit codes, signals); the
-slow ones run main.py in two processes and compare with one process on the same 8-device mesh.
+These tests run the launcher on a stub program (prefixes, arguments, exit codes, signals, chatter);
+tests/test_local_launcher_main.py runs main.py in several processes.
 """
 
 import os
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, TINY_FLAGS, read_jsonl, train_losses
+from tests.conftest import REPO
 
 LAUNCHER = os.path.join(REPO, "launch", "local.py")
 
@@ -297,138 +297,3 @@ def test_bad_launcher_arguments(args, fragment):
   result = _launch(*args, tag=None)  # Rejected before any process starts.
   assert result.returncode == 2
   assert fragment in result.stderr
-
-
-# --- main.py in two processes.
-
-
-def _main_single(workdir, *flags):
-  argv = [sys.executable, "main.py", "--cpu_devices=8", *TINY_FLAGS, f"--workdir={workdir}", *flags]
-  return _run(argv, str(workdir), timeout=180)
-
-
-def _main_two(workdir, *flags, launcher_flags=()):
-  launcher = ["--processes=2", "--cpu_devices=4", *launcher_flags]
-  return _launch(*launcher, "--", *TINY_FLAGS, f"--workdir={workdir}", *flags, tag=str(workdir), timeout=180)
-
-
-def _assert_close(a: dict, b: dict, steps):
-  for s in steps:
-    assert abs(a[s] - b[s]) <= 1e-5 * abs(b[s]), (s, a[s], b[s])
-
-
-PADDED = ["--config.data.num_examples=68"]
-
-
-@pytest.fixture(scope="module")
-def five_steps(tmp_path_factory):
-  """A 5-step run in two processes of 4 devices, and one in a single process of 8. 68 records: the
-  last batch of the epoch (step 5) has 4 valid rows of 16, so one process's rows are all padding."""
-  two, one = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("one")
-  result = _main_two(two, "--config.steps=5", *PADDED)
-  assert result.returncode == 0, result.stdout + result.stderr
-  single = _main_single(one, "--config.steps=5", *PADDED)
-  assert single.returncode == 0, single.stdout + single.stderr
-  return two, one, result
-
-
-@pytest.mark.slow
-def test_two_processes_train_like_one(five_steps):
-  two, one, result = five_steps
-  assert all(line.startswith(("[p0] ", "[p1] ")) for line in result.stdout.splitlines()), result.stdout
-  assert all(line.startswith(("[p0] ", "[p1] ", "[launch] ")) for line in result.stderr.splitlines())
-  assert "[p0] step 5/5" in result.stdout
-  assert (two / "processes" / "process_0.jsonl").exists()
-  assert (two / "processes" / "process_1.jsonl").exists()
-  _assert_close(train_losses(str(two)), train_losses(str(one)), range(1, 6))
-  for run in (two, one):  # The padded batch was reached.
-    rows = [r for r in read_jsonl(str(run / "metrics.jsonl")) if "loss" in r]
-    assert [r["valid_examples"] for r in rows] == [16, 16, 16, 16, 4]
-
-
-@pytest.mark.slow
-def test_two_processes_resume_like_one(five_steps):
-  two, one, _ = five_steps
-  result = _main_two(two, "--config.steps=7", *PADDED)
-  assert result.returncode == 0, result.stdout + result.stderr
-  assert "[p0] resumed from checkpoint 5" in result.stdout
-  single = _main_single(one, "--config.steps=7", *PADDED)
-  assert single.returncode == 0, single.stdout + single.stderr
-  assert "resumed from checkpoint 5" in single.stdout
-  # A fresh 7-step run has another learning-rate schedule; the single process resumed the same way.
-  _assert_close(train_losses(str(two)), train_losses(str(one)), range(1, 8))
-
-
-@pytest.mark.slow
-def test_a_failing_process_ends_the_job(tmp_path):
-  # Process 1 alone fails, after joining the job: its per-process log path is taken by a directory.
-  (tmp_path / "processes" / "process_1.jsonl").mkdir(parents=True)
-  t0 = time.monotonic()
-  launcher = subprocess.Popen(
-    [sys.executable, LAUNCHER, "--processes=2", "--cpu_devices=4", "--grace_s=3", "--"]
-    + [*TINY_FLAGS, "--config.steps=5", f"--workdir={tmp_path}"],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-  )
-  try:
-    out, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 2, out + err  # main.py's `error:` exit.
-    assert "[p1] error: " in err and "process_1.jsonl: Is a directory" in err, err
-    assert "[launch] process 1 exited with code 2" in err, err
-    assert time.monotonic() - t0 < 90
-    assert _processes_mentioning(str(tmp_path)) == []  # Checked before any clean-up of ours.
-  finally:
-    if launcher.poll() is None:
-      launcher.kill()
-      launcher.wait(timeout=10)
-    for pid in _processes_mentioning(str(tmp_path)):
-      os.kill(pid, signal.SIGKILL)
-
-
-@pytest.mark.slow
-def test_two_processes_stop_on_sigint_save_and_exit_0_without_library_chatter(tmp_path):
-  args = [
-    "--processes=2",
-    "--cpu_devices=4",
-    "--",
-    *TINY_FLAGS,
-    "--config.steps=1000",
-    f"--workdir={tmp_path}",
-  ]
-  with _Background(args, tag=str(tmp_path)) as job:
-    job.read_until(lambda seen: any(line.startswith("[p0] step 3/") for line in seen), timeout=150)
-    job.proc.send_signal(signal.SIGINT)  # Training, past the first steps.
-    assert job.wait(timeout=60) == 0, job.err
-    out, err = job.seen, job.err
-    assert any(re.match(r"\[p0\] preempted \(SIGINT\): saved checkpoint \d+", line) for line in out), out
-    assert not [line for line in err if "SIGTERM caught" in line]  # JAX's, for the SIGINT turned SIGTERM.
-    assert not [line for line in out + err if "[Gloo]" in line or line.strip() in ("[p0]", "[p1]")]
-
-
-@pytest.mark.slow
-def test_four_processes_train_like_one_and_resume_in_one_process(tmp_path):
-  """4 processes x 2 devices match 1 x 8; the 4-process checkpoint resumes in 1 process, which then
-  sees exactly the global batches the 4 processes would have seen (invariant 2, 3)."""
-  four, one = tmp_path / "four", tmp_path / "one"
-  result = _launch(
-    "--processes=4",
-    "--cpu_devices=2",
-    "--",
-    *TINY_FLAGS,
-    "--config.steps=3",
-    f"--workdir={four}",
-    tag=str(four),
-    timeout=180,
-  )
-  assert result.returncode == 0, result.stdout + result.stderr
-  assert (four / "processes" / "process_3.jsonl").exists()  # Process 3 trained (it prints nothing itself).
-  assert _main_single(one, "--config.steps=3").returncode == 0
-  _assert_close(train_losses(str(four)), train_losses(str(one)), range(1, 4))
-
-  resumed = _main_single(four, "--config.steps=5")  # The 4-process run, continued by one process.
-  assert resumed.returncode == 0 and "resumed from checkpoint 3" in resumed.stdout, resumed.stderr
-  assert _main_single(one, "--config.steps=5").returncode == 0
-  _assert_close(train_losses(str(four)), train_losses(str(one)), range(1, 6))
-  assert [r["batch"] for r in read_jsonl(str(four / "metrics.jsonl")) if "loss" in r] == list(range(5))

@@ -48,20 +48,18 @@ def _valid_tokens(comp, t):
   return np.stack([comp.sources.train[int(i)]["tokens"] for i in ids if i >= 0])
 
 
+# Each strategy, mesh shape and microbatch count at least once (zero1 on (8, 1, 1) with 2 microbatches).
 @pytest.mark.parametrize(
   "mesh, strategy, microbatches",
   [
     ((8, 1, 1), "dp", 1),
     ((8, 1, 1), "zero1", 2),
     ((1, 8, 1), "fsdp", 1),
-    ((1, 8, 1), "zero1", 1),
     ((2, 2, 2), "fsdp_tp", 1),
     ((2, 2, 2), "fsdp_tp", 4),
     ((2, 2, 2), "dp", 2),
     ((4, 1, 2), "fsdp_tp", 2),
-    ((4, 1, 2), "zero1", 1),
     ((1, 1, 1), "dp", 4),
-    ((1, 1, 1), "fsdp_tp", 1),
   ],
 )
 def test_sharded_step_matches_independent_reference(mesh, strategy, microbatches):
