@@ -36,6 +36,9 @@ def get_config(experiment: str = "lm") -> ml_collections.ConfigDict:
   # logical axes only: weights embed, mlp, heads, kv, norm; activations batch, act_*; and the
   # experiment's own (its LOGICAL_AXES).
   c.sharding.rules = ()
+  # fsdp, fsdp_tp: a parameter of at least this many elements is split over the fsdp axis even where
+  # its logical axes do not say so (along its largest dimension fsdp divides).
+  c.sharding.fsdp_min_size = 2**14
 
   c.data = ml_collections.ConfigDict()  # The experiment adds its source's keys (data.source, ...).
   c.data.allow_changed_data = False  # Resume even if the data's fingerprint differs from the checkpoint's.

@@ -55,3 +55,16 @@ def test_inspect_cli_writes_inspect_json(tmp_path):
     out = json.load(f)
   assert set(out) >= {"devices", "mesh", "params", "totals", "compiled"}
   assert {d["id"] for d in out["devices"]} == {d.id for d in jax.devices()}
+
+
+def test_fsdp_puts_near_total_over_n_on_every_device_the_embedding_table_included():
+  """The tiny LM on (1, 8, 1) under fsdp, with no threshold (its norms are 1% of its 12,384
+  parameters; in a real model far less): every leaf is split 8 ways, whatever its logical axes."""
+  cfg = _cfg((1, 8, 1), "fsdp")
+  cfg.sharding.fsdp_min_size = 0
+  out = report(cfg)
+  embed = next(p for p in out["params"] if p["path"] == "embed")
+  assert embed["logical_axes"] == ["vocab", None] and "fsdp" in embed["spec"]
+  t = out["totals"]
+  assert t["param_bytes_per_device_max"] <= 1.05 * t["param_bytes"] / 8, t
+  assert t["opt_state_bytes_per_device_max"] <= 1.05 * t["opt_state_bytes"] / 8, t

@@ -47,12 +47,34 @@ def _zero1_axes(shape, ways):
   return axes
 
 
-@pytest.mark.parametrize("strategy", ["dp", "zero1", "fsdp", "fsdp_tp"])
+def _large_over_fsdp(shape, axes, ways, min_size):
+  """FSDP: a leaf of min_size elements or more not split over fsdp is, along its largest free
+  dimension that fsdp divides."""
+  if ways == 1 or math.prod(shape) < min_size or any("fsdp" in a for a in axes):
+    return axes
+  free = [i for i, d in enumerate(shape) if not axes[i] and d % ways == 0]
+  if free:
+    axes = list(axes)
+    axes[max(free, key=lambda i: shape[i])] = ("fsdp",)
+  return axes
+
+
+# The tiny model's largest leaves have 2,048 elements: 1,024 brings the large-leaf rule in.
+@pytest.mark.parametrize(
+  "strategy, min_size",
+  [("dp", 2**14), ("zero1", 2**14), ("fsdp", 2**14), ("fsdp_tp", 2**14), ("fsdp", 1024), ("fsdp_tp", 1024)],
+)
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 4, 2)])
-def test_every_leaf_lives_where_the_rules_say(strategy, mesh_shape):
+def test_every_leaf_lives_where_the_rules_say(strategy, min_size, mesh_shape):
   data, fsdp, tensor = mesh_shape
   cfg = tiny_config(
-    **{"sharding.strategy": strategy, "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor}
+    **{
+      "sharding.strategy": strategy,
+      "sharding.fsdp_min_size": min_size,
+      "mesh.data": data,
+      "mesh.fsdp": fsdp,
+      "mesh.tensor": tensor,
+    }
   )
   comp = components.build(cfg)
   state = components.init_state(comp, cfg)
@@ -67,6 +89,8 @@ def test_every_leaf_lives_where_the_rules_say(strategy, mesh_shape):
     names, params, jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu), strict=True
   ):
     param_axes = [table.get(n, ()) if n else () for n in logical]
+    if strategy in ("fsdp", "fsdp_tp"):
+      param_axes = _large_over_fsdp(param.shape, param_axes, mesh.shape["fsdp"], min_size)
     if strategy == "zero1":
       opt_axes = _zero1_axes(param.shape, mesh.shape["data"] * mesh.shape["fsdp"])
     else:

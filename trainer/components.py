@@ -76,7 +76,8 @@ def build(config, devices=None) -> Components:
   except ValueError as e:
     raise UserError(f"model: {e}") from None
   try:
-    shardings = state_lib.state_shardings(mdef, tx, mesh, rules, config.sharding.strategy)
+    s = config.sharding
+    shardings = state_lib.state_shardings(mdef, tx, mesh, rules, s.strategy, s.fsdp_min_size)
   except ValueError as e:
     raise UserError(str(e)) from None
   return Components(

@@ -89,6 +89,7 @@ RULES: dict[str, Rule] = {
   "mesh.dcn_fsdp": whole(1),
   "sharding.strategy": one_of(*sorted(sharding.PRESETS)),
   "sharding.rules": pairs,
+  "sharding.fsdp_min_size": whole(0),
   "data.allow_changed_data": boolean,
   "data.worker_processes": whole(0),
   "data.read_threads": whole(0),

@@ -6,6 +6,11 @@
 | zero1    | replicated             | sharded over data x fsdp     | data x fsdp  |
 | fsdp     | `embed` over fsdp      | follows params               | data x fsdp  |
 | fsdp_tp  | `embed` over fsdp; `mlp`, `heads` over tensor | follows params | data x fsdp |
+Under fsdp and fsdp_tp, a parameter of at least `sharding.fsdp_min_size` elements that the rules leave
+unsplit over `fsdp` (a table whose logical axes map to nothing, a fork's own weight) is split
+along its largest dimension fsdp divides (`fsdp_spec`): per-device parameter and optimizer bytes
+stay near total / N whatever axes a model names.
+
 The presets name the trainer's logical axes only. An experiment's model may use more: its
 LOGICAL_AXES maps each to the trainer name it is sharded like (or None: replicated). `sharding.rules`
 entries then replace the entry of the same logical name.
@@ -81,6 +86,23 @@ def zero1_spec(shape, param_spec: P, mesh: Mesh, rules) -> P:
   if not free:
     return P(*spec)
   spec[max(free, key=lambda i: shape[i])] = axes if len(axes) > 1 else axes[0]
+  return P(*spec)
+
+
+def shards_params_over_fsdp(strategy: str) -> bool:
+  return strategy in ("fsdp", "fsdp_tp")
+
+
+def fsdp_spec(shape, param_spec: P, mesh: Mesh, min_size: int) -> P:
+  """FSDP for every large parameter: one of `min_size` elements or more that `param_spec` leaves
+  unsplit over fsdp is split along its largest free dimension fsdp divides (none: left as it is)."""
+  ways = mesh.shape["fsdp"]
+  spec = list(param_spec) + [None] * (len(shape) - len(param_spec))
+  if ways == 1 or "fsdp" in jax.tree.leaves(tuple(spec)) or math.prod(shape) < min_size:
+    return P(*spec)
+  free = [i for i, d in enumerate(shape) if spec[i] is None and d % ways == 0]
+  if free:
+    spec[max(free, key=lambda i: shape[i])] = "fsdp"
   return P(*spec)
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from trainer import mesh as mesh_lib
 from trainer import sharding as sharding_lib
@@ -48,11 +48,20 @@ def model_def(build_model) -> ModelDef:
   return ModelDef(graphdef, abstract_state, specs)
 
 
-def state_shardings(mdef: ModelDef, tx: optax.GradientTransformation, mesh: Mesh, rules, strategy: str):
-  """Explicit shardings for every leaf of the TrainState. Optimizer moments follow their parameter
-  (or, for ZeRO-1, are split over the batch axes); optimizer scalars such as counts are replicated."""
+def state_shardings(
+  mdef: ModelDef, tx: optax.GradientTransformation, mesh: Mesh, rules, strategy: str, fsdp_min_size: int = 0
+):
+  """Explicit shardings for every leaf of the TrainState. Parameters follow their logical axes (under
+  FSDP, large ones are split over fsdp regardless: sharding.fsdp_spec). Optimizer moments follow their
+  parameter (or, for ZeRO-1, are split over the batch axes); optimizer scalars are replicated."""
   param_sh = mesh_lib.tree_shardings(mesh, mdef.logical_specs, rules)
   abstract_params = nnx.to_pure_dict(mdef.abstract_state)
+  if sharding_lib.shards_params_over_fsdp(strategy):
+    param_sh = jax.tree.map(
+      lambda sh, leaf: NamedSharding(mesh, sharding_lib.fsdp_spec(leaf.shape, sh.spec, mesh, fsdp_min_size)),
+      param_sh,
+      abstract_params,
+    )
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
   repl = mesh_lib.replicated(mesh)
   opt_sh = optax.tree_map_params(
