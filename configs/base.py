@@ -37,7 +37,7 @@ def get_config(experiment: str = "lm") -> ml_collections.ConfigDict:
   # experiment's own (its LOGICAL_AXES).
   c.sharding.rules = ()
   # fsdp, fsdp_tp: a parameter of at least this many elements is split over the fsdp axis even where
-  # its logical axes do not say so (along its largest dimension fsdp divides).
+  # its logical axes do not say so (along its largest dimension that can take it).
   c.sharding.fsdp_min_size = 2**14
 
   c.data = ml_collections.ConfigDict()  # The experiment adds its source's keys (data.source, ...).

@@ -47,15 +47,17 @@ def _zero1_axes(shape, ways):
   return axes
 
 
-def _large_over_fsdp(shape, axes, ways, min_size):
-  """FSDP: a leaf of min_size elements or more not split over fsdp is, along its largest free
-  dimension that fsdp divides."""
+def _large_over_fsdp(shape, axes, mesh, min_size):
+  """FSDP: a leaf of min_size elements or more not split over fsdp gets fsdp added to its largest
+  dimension whose size the dimension's ways times fsdp divide."""
+  ways = mesh.shape["fsdp"]
   if ways == 1 or math.prod(shape) < min_size or any("fsdp" in a for a in axes):
     return axes
-  free = [i for i, d in enumerate(shape) if not axes[i] and d % ways == 0]
-  if free:
+  fits = [i for i, d in enumerate(shape) if d % (math.prod(mesh.shape[a] for a in axes[i]) * ways) == 0]
+  if fits:
     axes = list(axes)
-    axes[max(free, key=lambda i: shape[i])] = ("fsdp",)
+    i = max(fits, key=lambda i: shape[i])
+    axes[i] = (*axes[i], "fsdp")
   return axes
 
 
@@ -90,7 +92,7 @@ def test_every_leaf_lives_where_the_rules_say(strategy, min_size, mesh_shape):
   ):
     param_axes = [table.get(n, ()) if n else () for n in logical]
     if strategy in ("fsdp", "fsdp_tp"):
-      param_axes = _large_over_fsdp(param.shape, param_axes, mesh.shape["fsdp"], min_size)
+      param_axes = _large_over_fsdp(param.shape, param_axes, mesh, min_size)
     if strategy == "zero1":
       opt_axes = _zero1_axes(param.shape, mesh.shape["data"] * mesh.shape["fsdp"])
     else:

@@ -8,7 +8,7 @@
 | fsdp_tp  | `embed` over fsdp; `mlp`, `heads` over tensor | follows params | data x fsdp |
 Under fsdp and fsdp_tp, a parameter of at least `sharding.fsdp_min_size` elements that the rules leave
 unsplit over `fsdp` (a table whose logical axes map to nothing, a fork's own weight) is split
-along its largest dimension fsdp divides (`fsdp_spec`): per-device parameter and optimizer bytes
+along its largest dimension that can take it (`fsdp_spec`): per-device parameter and optimizer bytes
 stay near total / N whatever axes a model names.
 
 The presets name the trainer's logical axes only. An experiment's model may use more: its
@@ -95,14 +95,18 @@ def shards_params_over_fsdp(strategy: str) -> bool:
 
 def fsdp_spec(shape, param_spec: P, mesh: Mesh, min_size: int) -> P:
   """FSDP for every large parameter: one of `min_size` elements or more that `param_spec` leaves
-  unsplit over fsdp is split along its largest free dimension fsdp divides (none: left as it is)."""
+  unsplit over fsdp gets fsdp added to its largest dimension that can take it (a dimension already
+  split over `tensor` is split over both: an embedding table stays split along its vocabulary only,
+  which its lookup handles without gathering the table; none divisible: left as it is)."""
   ways = mesh.shape["fsdp"]
   spec = list(param_spec) + [None] * (len(shape) - len(param_spec))
   if ways == 1 or "fsdp" in jax.tree.leaves(tuple(spec)) or math.prod(shape) < min_size:
     return P(*spec)
-  free = [i for i, d in enumerate(shape) if spec[i] is None and d % ways == 0]
-  if free:
-    spec[max(free, key=lambda i: shape[i])] = "fsdp"
+  axes = [() if a is None else (a,) if isinstance(a, str) else tuple(a) for a in spec]
+  fits = [i for i, d in enumerate(shape) if d % (math.prod(mesh.shape[a] for a in axes[i]) * ways) == 0]
+  if fits:
+    i = max(fits, key=lambda i: shape[i])
+    spec[i] = "fsdp" if not axes[i] else (*axes[i], "fsdp")
   return P(*spec)
 
 
