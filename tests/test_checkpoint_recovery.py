@@ -144,3 +144,11 @@ def test_rollbacks_are_counted_across_restarts(tmp_path, monkeypatch):
   assert train(cfg, str(tmp_path), stop_after=5)["nonfinite_rollbacks"] == 1  # Batch 4 skipped.
   with pytest.raises(UserError, match=r"NaN/Inf at step 6"):  # The restart has no fresh allowance.
     train(cfg, str(tmp_path))
+
+
+def test_a_rollback_inside_a_logging_window_counts_the_kept_steps_once(tmp_path, monkeypatch):
+  _poison(monkeypatch, [6])  # Step 7; logged every 4 steps, saved every 2: the rollback goes to 6.
+  cfg = _cfg(**{"checkpoint.on_nonfinite": "rollback", "log_every": 4})
+  summary = train(cfg, str(tmp_path))
+  assert summary["nonfinite_rollbacks"] == 1
+  assert summary["tokens_trained_this_run"] == STEPS * 16 * 16  # Steps 5 and 6 kept, 7 and 8 redone.

@@ -137,7 +137,7 @@ class Window:
     self.steps, self.data_wait, self.fetch, self.dispatch = 0, 0.0, 0.0, 0.0
     self.checkpoint = self.evaluation = 0.0  # Seconds the loop spent saving and evaluating.
     self.valid_examples = 0
-    self.step_counts: list[tuple[int, float]] = []  # (step, valid count), once the window closes.
+    self.step_counts: list[tuple[int, float]] = []  # fetch_counts(), once the window closes.
     self._counts, self._unchecked = [], []  # Device scalars: (step, count); (step, finite, count).
 
   def add_step(
@@ -162,14 +162,18 @@ class Window:
     bad = [(step, float(count) == 0) for step, (ok, count) in zip(steps, flags, strict=True) if not ok]
     return bad[0] if bad else None
 
+  def fetch_counts(self) -> list[tuple[int, float]]:
+    """(step, valid count) of every step so far in this window (waits for them to run)."""
+    counts = jax.device_get([count for _, count in self._counts])
+    return [(s, float(n)) for (s, _), n in zip(self._counts, counts, strict=True)]
+
   def close(self, step: int, metrics: dict, device_wait_s: float) -> tuple[dict, dict]:
     """(metrics.jsonl row, processes/process_I.jsonl row) for the window ending at `step`: counts
     over all its steps, and rates over its training time (saving and evaluating excluded; the
     process row has both)."""
     now = time.time()
     training = max(now - self.start - self.checkpoint - self.evaluation, 1e-9)
-    counts = jax.device_get([count for _, count in self._counts])
-    self.step_counts = [(s, float(n)) for (s, _), n in zip(self._counts, counts, strict=True)]
+    self.step_counts = self.fetch_counts()
     total = sum(n for _, n in self.step_counts)
     row = {
       "step": step,

@@ -133,6 +133,12 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     return row
 
   trained = np.zeros(max(last_step - start, 0))  # Valid units per step of this run, kept steps only.
+
+  def count_trained(step_counts, up_to: int) -> None:
+    for at, n in step_counts:
+      if start < at <= up_to:  # (A rollback to before this run's start retrains earlier steps.)
+        trained[at - start - 1] = n
+
   step = start
   try:
     while step < last_step:
@@ -183,7 +189,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         watchdog.beat("restore", step, config.watchdog.restore_timeout_s)
         state, _, _ = restore_or_init(resuming=False)
         good = int(state.step)
-        trained[max(good - start, 0) :] = 0  # Those steps' work is thrown away.
+        count_trained(window.fetch_counts(), good)  # Steps up to the checkpoint stay trained.
+        trained[max(good - start, 0) :] = 0  # Later steps' work is thrown away.
         # Steps good+1..bad trained batches good+old_offset..bad-1+old_offset: skip them. The offset
         # builds on the current one, not the checkpoint's, so earlier skips since that save stay skipped.
         batch_offset = old_offset + bad - good
@@ -212,9 +219,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         log.write(row)
         for record in [process_row, *ckpt.drain()]:
           log.write_process(record)
-        for at, n in window.step_counts:
-          if at > start:  # (A rollback to before this run's start retrains earlier steps.)
-            trained[at - start - 1] = n
+        count_trained(window.step_counts, step)
         eta = (config.steps - step) * row["step_time_s"]
         console(progress_line(step, config.steps, row["loss"], unit, row[f"{unit}_per_s"], eta))
         last = row
