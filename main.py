@@ -12,6 +12,10 @@ import sys
 from trainer import interrupts
 
 interrupts.install()  # Before anything slow is imported: a signal from here on is one line, not a traceback.
+for _stream in (sys.stdout, sys.stderr):
+  # One write per line, flushed at its end (PYTHONUNBUFFERED writes a print's text and its newline
+  # apart, and a C++ library's line landing between them merges two lines in the launcher's output).
+  _stream.reconfigure(line_buffering=True, write_through=False)
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
