@@ -45,11 +45,12 @@ CHILD_ENV_DEFAULTS = {
 # --verbosity) asks for everything; each pattern must match the whole line (less its line end).
 CHATTER = (
   # Gloo (the CPU collectives) prints this with std::cout, unconditionally, every time it connects a
-  # communicator: about 36 lines per 2-process start. Two of them printed at once by two threads can
-  # merge into pieces like "[Gloo] Rank [Gloo] Rank 2 is ..." and "3 is ...", which this also matches.
+  # communicator: about 36 lines per 2-process start. Two of them printed at once by two threads
+  # merge in any way ("[Gloo] Rank 1[Gloo] Rank 0 is connected ...", "3 is connected to ..."): a line
+  # made of nothing but the pieces of such lines is chatter.
   re.compile(
-    rb"(\[Gloo\] Rank )*\d* ?is connected to \d+ peer ranks\. "
-    rb"Expected number of connected peer ranks is : \d+"
+    rb"(?=.*is connected to)"  # Pieces of Gloo's lines only, one "is connected to" at least.
+    rb"(?:\[Gloo\] Rank|is connected to|peer ranks\.|Expected number of connected peer ranks is :|\d+|\s+)+"
   ),
   # JAX's C++ preemption notifier: "SIGTERM caught at TIME" on every process, after a SIGINT as well
   # (trainer/preemption.py turns SIGINT into SIGTERM, the only way to reach JAX's preemption service).

@@ -27,6 +27,9 @@ CHATTER = [
   # Two of Gloo's lines, printed at once by two threads of one process.
   "[Gloo] Rank [Gloo] Rank 2 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3",
   "3 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3",
+  "[Gloo] Rank 1[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1",
+  "[Gloo] Rank 1 is connected to [Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected "
+  "peer ranks is : 1",
   "W1201 11:55:48.708585   12918 preemption_notifier.cc:90] SIGTERM caught at 2026-12-01T11:55:48.7085+00:00",
   "",
   "  ",

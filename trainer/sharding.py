@@ -96,8 +96,8 @@ def shards_params_over_fsdp(strategy: str) -> bool:
 def fsdp_spec(shape, param_spec: P, mesh: Mesh, min_size: int) -> P:
   """FSDP for every large parameter: one of `min_size` elements or more that `param_spec` leaves
   unsplit over fsdp gets fsdp added to its largest dimension that can take it (a dimension already
-  split over `tensor` is split over both: an embedding table stays split along its vocabulary only,
-  which its lookup handles without gathering the table; none divisible: left as it is)."""
+  split over `tensor` is split over both: a lookup table then stays split along one dimension only,
+  which the lookup handles without gathering the table; none divisible: left as it is)."""
   ways = mesh.shape["fsdp"]
   spec = list(param_spec) + [None] * (len(shape) - len(param_spec))
   if ways == 1 or "fsdp" in jax.tree.leaves(tuple(spec)) or math.prod(shape) < min_size:
