@@ -55,6 +55,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.embed_dim = 64  # Width of the residual stream.
   c.model.num_layers = 2  # Decoder blocks.
   c.model.num_heads = 4  # Attention heads; head_dim = embed_dim // num_heads.
+  c.model.num_kv_heads = 0  # Key/value heads (grouped-query attention) dividing num_heads; 0: num_heads.
   c.model.mlp_dim = 256  # Hidden width of the SwiGLU MLP.
   c.model.rope_base = 10_000.0  # RoPE frequency base.
   return c
@@ -75,6 +76,7 @@ CONFIG_RULES = {
   "model.embed_dim": config_checks.whole(2),
   "model.num_layers": config_checks.whole(1),
   "model.num_heads": config_checks.whole(1),
+  "model.num_kv_heads": config_checks.whole(0),
   "model.mlp_dim": config_checks.whole(1),
   "model.rope_base": config_checks.real(1.0, low_open=True),
 }
@@ -88,6 +90,11 @@ def check_config(config) -> None:
       f"model.embed_dim={m.embed_dim} must be a multiple of model.num_heads={m.num_heads} with an even "
       f"head dimension (RoPE rotates pairs)"
     )
+  if m.num_kv_heads and m.num_heads % m.num_kv_heads:
+    raise UserError(
+      f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads} (each key/value "
+      f"head serves a group of query heads), or be 0 for one per query head"
+    )
 
 
 def build_model(config, rngs: nnx.Rngs) -> Decoder:
@@ -97,6 +104,7 @@ def build_model(config, rngs: nnx.Rngs) -> Decoder:
     embed_dim=m.embed_dim,
     num_layers=m.num_layers,
     num_heads=m.num_heads,
+    num_kv_heads=m.num_kv_heads,
     mlp_dim=m.mlp_dim,
     rope_base=m.rope_base,
     compute_dtype=m.compute_dtype,

@@ -39,12 +39,19 @@ def rope(x, positions, base: float):
 
 
 class Attention(nnx.Module):
-  def __init__(self, dim: int, num_heads: int, rope_base: float = 10_000.0, *, rngs: nnx.Rngs):
-    head_dim = dim // num_heads
+  """Multi-head attention; with `num_kv_heads` < `num_heads`, grouped-query attention: each group of
+  num_heads / num_kv_heads query heads shares one key and value head (fewer K/V weights and cache)."""
+
+  def __init__(
+    self, dim: int, num_heads: int, rope_base: float = 10_000.0, *, num_kv_heads: int = 0, rngs: nnx.Rngs
+  ):
+    head_dim, kv_heads = dim // num_heads, num_kv_heads or num_heads
+    if num_heads % kv_heads:
+      raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={kv_heads}")
     w = _init.lecun_normal(in_axis=0, out_axis=(1, 2))
     self.wq = param(rngs, w, (dim, num_heads, head_dim), ("embed", "heads", "kv"))
-    self.wk = param(rngs, w, (dim, num_heads, head_dim), ("embed", "heads", "kv"))
-    self.wv = param(rngs, w, (dim, num_heads, head_dim), ("embed", "heads", "kv"))
+    self.wk = param(rngs, w, (dim, kv_heads, head_dim), ("embed", "heads", "kv"))
+    self.wv = param(rngs, w, (dim, kv_heads, head_dim), ("embed", "heads", "kv"))
     wo = _init.lecun_normal(in_axis=(0, 1), out_axis=2)
     self.wo = param(rngs, wo, (num_heads, head_dim, dim), ("heads", "kv", "embed"))
     self.rope_base = rope_base
@@ -53,18 +60,21 @@ class Attention(nnx.Module):
     """x [B, L, D]; positions [B, L] for RoPE (None: no RoPE); mask [B, L, L] (None: attend to all)."""
     dt = x.dtype
     q = jnp.einsum("bld,dhk->blhk", x, self.wq[...].astype(dt))
-    k = jnp.einsum("bld,dhk->blhk", x, self.wk[...].astype(dt))
-    v = jnp.einsum("bld,dhk->blhk", x, self.wv[...].astype(dt))
+    k = jnp.einsum("bld,dgk->blgk", x, self.wk[...].astype(dt))
+    v = jnp.einsum("bld,dgk->blgk", x, self.wv[...].astype(dt))
     q = constrain(q, ("batch", "act_seq", "act_heads", "act_kv"))
     if positions is not None:
       q, k = rope(q, positions, self.rope_base), rope(k, positions, self.rope_base)
-    # Scores and softmax in float32 whatever the compute dtype: [B, H, L, L].
+    b, n, h, d = q.shape
+    g = k.shape[2]
+    q = q.reshape(b, n, g, h // g, d)  # Query head i belongs to key/value group i // (h / g).
+    # Scores and softmax in float32 whatever the compute dtype: [B, G, H/G, L, L].
     # preferred_element_type: the products accumulate and come out in float32, never rounded to bf16.
-    scores = jnp.einsum("blhk,bmhk->bhlm", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(q.shape[-1])
+    scores = jnp.einsum("blgrk,bmgk->bgrlm", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(d)
     if mask is not None:
-      scores = jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min)
+      scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bhlm,bmhk->blhk", probs, v)
+    out = jnp.einsum("bgrlm,bmgk->blgrk", probs, v).reshape(b, n, h, d)
     return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))
 
 

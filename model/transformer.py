@@ -14,9 +14,9 @@ _init = nnx.initializers
 
 
 class Block(nnx.Module):
-  def __init__(self, dim, num_heads, mlp_dim, rope_base, *, rngs: nnx.Rngs):
+  def __init__(self, dim, num_heads, mlp_dim, rope_base, num_kv_heads=0, *, rngs: nnx.Rngs):
     self.attn_norm = RMSNorm(dim, rngs=rngs)
-    self.attn = Attention(dim, num_heads, rope_base, rngs=rngs)
+    self.attn = Attention(dim, num_heads, rope_base, num_kv_heads=num_kv_heads, rngs=rngs)
     self.mlp_norm = RMSNorm(dim, rngs=rngs)
     self.mlp = SwiGLU(dim, mlp_dim, rngs=rngs)
 
@@ -39,6 +39,7 @@ class Decoder(nnx.Module):
     mlp_dim: int,
     rope_base: float,
     compute_dtype: str,
+    num_kv_heads: int = 0,
     rngs: nnx.Rngs,
   ):
     if embed_dim % num_heads or (embed_dim // num_heads) % 2:
@@ -46,7 +47,7 @@ class Decoder(nnx.Module):
     # One axis only on the table: a lookup into a table sharded on both axes rematerializes it.
     self.embed = param(rngs, _init.normal(1.0), (vocab_size, embed_dim), ("vocab", None))
     self.blocks = nnx.List(
-      [Block(embed_dim, num_heads, mlp_dim, rope_base, rngs=rngs) for _ in range(num_layers)]
+      [Block(embed_dim, num_heads, mlp_dim, rope_base, num_kv_heads, rngs=rngs) for _ in range(num_layers)]
     )
     self.final_norm = RMSNorm(embed_dim, rngs=rngs)
     self.unembed = param(rngs, _init.lecun_normal(), (embed_dim, vocab_size), ("embed", "vocab"))

@@ -37,6 +37,8 @@ def logits(params, tokens, rope_base=10_000.0):
     q = _rope(jnp.einsum("bld,dhk->blhk", h, a["wq"]), rope_base)
     k = _rope(jnp.einsum("bld,dhk->blhk", h, a["wk"]), rope_base)
     v = jnp.einsum("bld,dhk->blhk", h, a["wv"])
+    group = q.shape[2] // k.shape[2]  # Grouped-query attention: each K/V head serves `group` query heads.
+    k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     s = jnp.einsum("blhk,bmhk->bhlm", q, k) / math.sqrt(q.shape[-1])
     p = jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1)
     x = x + jnp.einsum("blhk,hkd->bld", jnp.einsum("bhlm,bmhk->blhk", p, v), a["wo"])

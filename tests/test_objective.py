@@ -48,6 +48,13 @@ def _valid_tokens(comp, t):
   return np.stack([comp.sources.train[int(i)]["tokens"] for i in ids if i >= 0])
 
 
+# Grouped-query attention (4 query heads sharing 2 key/value heads) on two of them, tensor-parallel too.
+_GQA = {
+  ((2, 2, 2), "fsdp_tp", 1): {"model.num_heads": 4, "model.num_kv_heads": 2},
+  ((8, 1, 1), "dp", 1): {"model.num_heads": 4, "model.num_kv_heads": 1},
+}
+
+
 # Each strategy, mesh shape and microbatch count at least once (zero1 on (8, 1, 1) with 2 microbatches).
 @pytest.mark.parametrize(
   "mesh, strategy, microbatches",
@@ -63,7 +70,7 @@ def _valid_tokens(comp, t):
   ],
 )
 def test_sharded_step_matches_independent_reference(mesh, strategy, microbatches):
-  config = _config(mesh, strategy, microbatches)
+  config = _config(mesh, strategy, microbatches, **_GQA.get((mesh, strategy, microbatches), {}))
   devices = jax.devices()[: math.prod(mesh)]
   theta0, metrics, state, comp = run_steps(config, devices, STEPS)
   assert comp.plan.valid_rows(6) == 4  # The padded batch is among the steps.

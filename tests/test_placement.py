@@ -105,3 +105,12 @@ def test_every_leaf_lives_where_the_rules_say(strategy, min_size, mesh_shape):
   assert checked == 3 * len(params) * mesh.size
   if strategy != "dp":  # Something really is split (not everything replicated).
     assert any(len({str(s.index) for s in x.addressable_shards}) > 1 for x in jax.tree.leaves(adam.mu))
+
+
+def test_a_dimension_its_mesh_axes_do_not_divide_is_one_error_naming_the_parameter():
+  from errors import UserError
+
+  # fsdp_tp splits heads over tensor=2; one key/value head cannot be split.
+  cfg = tiny_config(**{"model.num_heads": 4, "model.num_kv_heads": 1})
+  with pytest.raises(UserError, match=r"parameter blocks/0/attn/wk has a dimension of 1, .*\('tensor',\)"):
+    components.build(cfg)

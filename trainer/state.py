@@ -5,6 +5,7 @@ is a pure function of the state (no object-graph walk per call) and checkpoints 
 """
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -62,6 +63,7 @@ def state_shardings(
       param_sh,
       abstract_params,
     )
+  _check_divisible(abstract_params, param_sh)
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
   repl = mesh_lib.replicated(mesh)
   opt_sh = optax.tree_map_params(
@@ -72,6 +74,22 @@ def state_shardings(
     transform_non_params=lambda _: repl,
   )
   return TrainState(step=repl, params=param_sh, opt_state=opt_sh, rng=repl)
+
+
+def _check_divisible(abstract_params, shardings) -> None:
+  """Every parameter dimension splits evenly over the mesh axes its rules give it; else a ValueError
+  naming the parameter (JAX would fail later, deep inside jit)."""
+  for (path, leaf), sh in zip(
+    jax.tree_util.tree_flatten_with_path(abstract_params)[0], jax.tree.leaves(shardings), strict=True
+  ):
+    for size, axes in zip(leaf.shape, tuple(sh.spec) + (None,) * leaf.ndim, strict=False):
+      names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      ways = math.prod(sh.mesh.shape[a] for a in names)
+      if size % ways:
+        raise ValueError(
+          f"parameter {'/'.join(path_keys(path))} has a dimension of {size}, which its mesh axes "
+          f"{names} ({ways} ways) do not divide: change the model size, the mesh or sharding.rules"
+        )
 
 
 def init_state(build_model, mdef: ModelDef, tx, shardings: TrainState, seed: int) -> TrainState:
