@@ -91,8 +91,7 @@ class MetricsLog:
       self._tb = self._tensorboard(after_step)
 
   def last_train_row(self, step: int) -> dict:
-    """The train row logged at `step` (process 0; {} elsewhere or if none): a rerun that only
-    finishes the evaluation and summary reports the loss the run ended with."""
+    """The train row logged at `step` (process 0; {} elsewhere or if none)."""
     if not self.is_main:
       return {}
     with open(self._metrics.name) as f:

@@ -120,7 +120,9 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
   cleanup.callback(preemption.restore_handlers)
   interrupts.during("the end of training")  # Once train() returns and the handlers are restored.
   unit = comp.experiment.UNIT
-  window, last, eval_row = Window(unit), log.last_train_row(start), {}
+  # A rerun that only finishes the evaluation and summary reports the loss the run ended with.
+  last = log.last_train_row(start) if start >= last_step else {}
+  window, eval_row = Window(unit), {}
   eval_compiled = False
 
   def evaluate_and_log(at: int) -> dict:
