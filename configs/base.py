@@ -19,6 +19,10 @@ def get_config(experiment: str = "lm") -> ml_collections.ConfigDict:
   c.log_every = 10  # Write a metrics row and a progress line every N steps.
   c.eval_every = 0  # Evaluate on the held-out split every N steps (0: only at the end).
   c.eval_steps = 2  # Batches per evaluation.
+  # Persistent compilation cache: a restart (or a rerun) loads the compiled step instead of compiling it
+  # again. '' : WORKDIR/compilation_cache; 'off': none; else a directory, e.g. one shared by runs.
+  # JAX_COMPILATION_CACHE_DIR in the environment, if set, wins. A changed `steps` (the schedule) misses.
+  c.compilation_cache = ""
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # Data-parallel axis size within a host; -1: all remaining devices.

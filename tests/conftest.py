@@ -90,7 +90,7 @@ def train_losses(workdir):
   return {r["step"]: r["loss"] for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r}
 
 
-def run_main(*args, timeout=300):
+def run_main(*args, timeout=300, env=None):
   """Runs main.py in a fresh process; returns the CompletedProcess."""
   return subprocess.run(
     [sys.executable, "main.py", *args],
@@ -98,6 +98,7 @@ def run_main(*args, timeout=300):
     capture_output=True,
     text=True,
     timeout=timeout,
+    env=env,
   )
 
 

@@ -71,7 +71,11 @@ def test_missing_workdir_is_an_error():
   _assert_one_error_line(run_main(SMOKE), "--workdir")
 
 
-def test_single_device_runs_the_same_code_path(tmp_path):
+def test_single_device_runs_the_same_code_path_and_caches_its_compilations_in_the_workdir(tmp_path):
+  import json
+  import os
+
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}  # The default applies.
   result = run_main(
     SMOKE,
     f"--workdir={tmp_path}",
@@ -81,6 +85,12 @@ def test_single_device_runs_the_same_code_path(tmp_path):
     "--config.log_every=1",
     "--config.eval_steps=1",
     "--config.model.num_layers=1",
+    env=env,
   )
   assert result.returncode == 0, result.stderr
   assert "1 x cpu" in result.stdout and "step 3/3" in result.stdout
+  assert os.listdir(tmp_path / "compilation_cache")  # A restart loads the compiled step from here.
+  with open(tmp_path / "summary.json") as f:
+    startup = json.load(f)["startup_s"]
+  assert set(startup) == {"imports", "build", "init", "compile"} and all(v >= 0 for v in startup.values())
+  assert startup["imports"] > 0.5  # JAX alone takes longer than that to import.

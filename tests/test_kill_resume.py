@@ -97,7 +97,9 @@ def _outcome(workdir):
   rows = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = {
-      k: v for k, v in json.load(f).items() if k not in ("wall_s", "compile_s", "tokens_trained_this_run")
+      k: v
+      for k, v in json.load(f).items()
+      if k not in ("wall_s", "compile_s", "startup_s", "tokens_trained_this_run")
     }
   evals = [{k: v for k, v in r.items() if k != "time"} for r in rows if "eval_loss" in r]
   return {r["step"]: r["loss"] for r in rows if "loss" in r}, evals, summary

@@ -82,6 +82,7 @@ RULES: dict[str, Rule] = {
   "log_every": whole(1),
   "eval_every": whole(0),
   "eval_steps": whole(0),
+  "compilation_cache": text,
   "mesh.data": mesh_size,
   "mesh.fsdp": mesh_size,
   "mesh.tensor": mesh_size,

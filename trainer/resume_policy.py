@@ -24,6 +24,7 @@ FREE = {
   "log_every",
   "eval_every",
   "eval_steps",
+  "compilation_cache",
   "microbatches",
   "data.allow_changed_data",
   "data.worker_processes",

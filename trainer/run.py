@@ -9,6 +9,9 @@ MODES = ("train", "eval", "inspect", "verify")
 
 
 def run(config, workdir: str, mode: str) -> None:
+  from trainer import runtime
+
+  runtime.use_compilation_cache(config.compilation_cache, workdir)
   if mode == "train":
     from trainer.train import train
 

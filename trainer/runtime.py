@@ -143,3 +143,15 @@ def join_job(
     if visible and os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").split("(")[0] == "1":
       os.environ.setdefault("JAX_LOCAL_DEVICE_IDS", ",".join(map(str, range(len(visible.split(","))))))
     _initialize(None, None, None, init_timeout_s, heartbeat_timeout_s, shutdown_timeout_s)
+
+
+def use_compilation_cache(setting: str, workdir: str) -> str | None:
+  """Turns on JAX's persistent compilation cache (see base.py's `compilation_cache`); returns its
+  directory, or None when off. Before the first compile: JAX reads the setting once per process."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]  # JAX has read it already; the environment wins.
+  if setting == "off":
+    return None
+  directory = os.path.abspath(setting or os.path.join(workdir, "compilation_cache"))
+  jax.config.update("jax_compilation_cache_dir", directory)
+  return directory

@@ -8,6 +8,7 @@ import time
 import jax
 import numpy as np
 
+import trainer
 from data import pipeline
 from errors import UserError
 from trainer import checkpointing, components, interrupts, multihost, resume_policy
@@ -38,6 +39,8 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
 
 
 def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> dict:
+  # Start-up's seconds by phase, for summary.json: imports (process start to train()), then ours.
+  startup = {"imports": t_start - trainer.STARTED}
   # --- Setup: mesh, experiment, data order, optimizer, shardings (config errors surface here).
   comp = components.build(config, devices)
   meta = checkpointing.run_metadata(comp, config)
@@ -74,9 +77,12 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     checkpointing.check_data_position(position, step, comp, config.data.allow_changed_data)
     return state, position["batch_offset"], position.get("rollbacks", 0)
 
+  startup["build"] = time.time() - t_start
   watchdog.beat("restore", 0, config.watchdog.restore_timeout_s)
+  t0 = time.time()
   state, batch_offset, rollbacks = restore_or_init(resuming=True)
   start = int(state.step)
+  startup["restore" if start else "init"] = time.time() - t0
   last_step = config.steps if stop_after is None else min(stop_after, config.steps)
   summary_path = os.path.join(workdir, "summary.json")
   if start >= last_step:
@@ -102,7 +108,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     batch_spec = pipeline.global_spec(local_batches(start + batch_offset), comp.batch_sharding, b)
     with jax.set_mesh(comp.mesh):
       train_step = train_step.lower(state, batch_spec).compile()
-  compile_s = time.time() - t0
+  compile_s = startup["compile"] = time.time() - t0
 
   # --- The loop. Batches are prepared ahead by Grain threads and copied to the devices ahead.
   log = MetricsLog(workdir, resume_step=start, drop_eval_at=start if start >= last_step else None)
@@ -262,6 +268,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     "preempted_by": preemption.received,
     "wall_s": time.time() - t_start,
     "compile_s": compile_s,
+    "startup_s": startup,  # imports, build, init or restore, compile.
     "devices": device_label(comp.mesh.devices.flatten()),
     "processes": jax.process_count(),
   }
