@@ -26,11 +26,10 @@ def main():
   parser.add_argument("--cpu_devices", type=int, default=8)
   args = parser.parse_args()
 
-  import jax
+  from trainer import runtime
 
-  if args.cpu_devices:
-    jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+  runtime.configure_cpu_devices(args.cpu_devices)  # Before anything touches jax.devices().
+  import jax
   from absl import logging
 
   logging.set_verbosity(logging.WARNING)

@@ -70,9 +70,13 @@ def shards_optimizer_over_batch(strategy: str) -> bool:
   return strategy == "zero1"
 
 
+def mesh_axes(entry) -> tuple[str, ...]:
+  """One dimension's entry of a PartitionSpec (None, an axis name, or a tuple of them) as a tuple."""
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def batch_axes(rules) -> tuple[str, ...]:
-  spec = logical_to_spec(("batch",), rules)[0]
-  return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+  return mesh_axes(logical_to_spec(("batch",), rules)[0])
 
 
 def zero1_spec(shape, param_spec: P, mesh: Mesh, rules) -> P:
@@ -102,7 +106,7 @@ def fsdp_spec(shape, param_spec: P, mesh: Mesh, min_size: int) -> P:
   spec = list(param_spec) + [None] * (len(shape) - len(param_spec))
   if ways == 1 or "fsdp" in jax.tree.leaves(tuple(spec)) or math.prod(shape) < min_size:
     return P(*spec)
-  axes = [() if a is None else (a,) if isinstance(a, str) else tuple(a) for a in spec]
+  axes = [mesh_axes(a) for a in spec]
   fits = [i for i, d in enumerate(shape) if d % (math.prod(mesh.shape[a] for a in axes[i]) * ways) == 0]
   if fits:
     i = max(fits, key=lambda i: shape[i])

@@ -83,7 +83,7 @@ def _check_divisible(abstract_params, shardings) -> None:
     jax.tree_util.tree_flatten_with_path(abstract_params)[0], jax.tree.leaves(shardings), strict=True
   ):
     for size, axes in zip(leaf.shape, tuple(sh.spec) + (None,) * leaf.ndim, strict=False):
-      names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      names = sharding_lib.mesh_axes(axes)
       ways = math.prod(sh.mesh.shape[a] for a in names)
       if size % ways:
         raise ValueError(
