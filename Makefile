@@ -12,9 +12,10 @@ LOGDIR ?= runs
 
 setup: $(STAMP)
 
-# Re-installs only when the pins change.
+# Re-installs only when the pins change. A venv left half-made (no pip: its creation was interrupted)
+# is made again.
 $(STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev]'
 	touch $(STAMP)
 

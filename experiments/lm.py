@@ -13,13 +13,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 
 from data import synthetic
 from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
-from model.transformer import Decoder
+from model import losses
+from model.layers import ATTENTION
+from model.transformer import REMAT, Decoder
 from trainer import config_checks
 
 UNIT = "tokens"
@@ -58,6 +59,20 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.num_kv_heads = 0  # Key/value heads (grouped-query attention) dividing num_heads; 0: num_heads.
   c.model.mlp_dim = 256  # Hidden width of the SwiGLU MLP.
   c.model.rope_base = 10_000.0  # RoPE frequency base.
+  c.model.attention = (
+    "einsum"  # 'einsum' (explicit), or jax.nn.dot_product_attention: 'xla' or 'cudnn' (GPU).
+  )
+  # Scanned: one compiled block run num_layers times over stacked params (compile time flat in depth);
+  # unrolled: num_layers copies in the program. Checkpoints of one do not restore into the other.
+  c.model.scan_layers = False
+  # Rematerialization of each block in the backward pass: 'none', 'full', 'dots', 'dots_no_batch' or
+  # 'block_outputs' (model/transformer.py REMAT: what each keeps). Less memory for more compute.
+  c.model.remat = "none"
+  c.model.tie_embeddings = False  # One table embeds and unembeds.
+  c.model.z_loss = 0.0  # Weight of z-loss (logsumexp^2 per token) added to the loss; 0: none.
+  # Positions per piece of the sequence whose logits exist at once in the loss (0: the whole sequence);
+  # must divide data.seq_len. For a large vocabulary: [batch, loss_chunk, vocab] float32 at a time.
+  c.model.loss_chunk = 0
   return c
 
 
@@ -79,6 +94,12 @@ CONFIG_RULES = {
   "model.num_kv_heads": config_checks.whole(0),
   "model.mlp_dim": config_checks.whole(1),
   "model.rope_base": config_checks.real(1.0, low_open=True),
+  "model.attention": config_checks.one_of(*ATTENTION),
+  "model.scan_layers": config_checks.boolean,
+  "model.remat": config_checks.one_of(*REMAT),
+  "model.tie_embeddings": config_checks.boolean,
+  "model.z_loss": config_checks.real(0.0),
+  "model.loss_chunk": config_checks.whole(0),
 }
 
 
@@ -95,6 +116,10 @@ def check_config(config) -> None:
       f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads} (each key/value "
       f"head serves a group of query heads), or be 0 for one per query head"
     )
+  if m.attention == "cudnn" and jax.default_backend() != "gpu":
+    raise UserError(f"model.attention='cudnn' needs GPUs (this run has {jax.default_backend()}): use 'xla'")
+  if m.loss_chunk and config.data.seq_len % m.loss_chunk:
+    raise UserError(f"model.loss_chunk={m.loss_chunk} must divide data.seq_len={config.data.seq_len}")
 
 
 def build_model(config, rngs: nnx.Rngs) -> Decoder:
@@ -108,18 +133,27 @@ def build_model(config, rngs: nnx.Rngs) -> Decoder:
     mlp_dim=m.mlp_dim,
     rope_base=m.rope_base,
     compute_dtype=m.compute_dtype,
+    attention=m.attention,
+    scan_layers=m.scan_layers,
+    remat=m.remat,
+    tie_embeddings=m.tie_embeddings,
+    z_loss=m.z_loss,
+    loss_chunk=m.loss_chunk,
     rngs=rngs,
   )
 
 
 def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None):
-  """Sum of next-token cross-entropy over valid tokens, the valid-token count, and metric sums.
-  Deterministic: `rng` is unused."""
-  logits = model(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))  # [B, L, V]
+  """Sum of next-token cross-entropy (plus z-loss) over valid tokens, the valid-token count, and
+  metric sums. Deterministic: `rng` is unused. The model carries model.z_loss and model.loss_chunk."""
+  h = model.hidden(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))  # [B, L, D]
   w = batch["weights"]  # [B, L]; 0 for padding rows and padding tokens.
-  xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])  # [B, L]
-  correct = (jnp.argmax(logits, axis=-1) == batch["targets"]).astype(jnp.float32)
-  return jnp.sum(xent * w), jnp.sum(w), {"accuracy": jnp.sum(correct * w)}
+  z_loss = model.z_loss
+  sums = losses.token_sums(model.logits, h, batch["targets"], w, chunk=model.loss_chunk, z_loss=z_loss)
+  metrics = {"accuracy": sums["correct"]}
+  if z_loss:
+    metrics.update(xent=sums["xent"], z_loss=sums["z_loss"])
+  return sums["xent"] + sums.get("z_loss", 0.0), jnp.sum(w), metrics
 
 
 def data_sources(config) -> DataSources:

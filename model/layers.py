@@ -1,5 +1,6 @@
 """Layers the models share, in Flax NNX, each parameter with logical axis names: RMSNorm, RoPE,
-multi-head attention (causal or not, with or without RoPE), SwiGLU.
+multi-head attention (causal or not, with or without RoPE; our einsums or jax.nn.dot_product_attention),
+SwiGLU.
 
 Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp.
 """
@@ -38,16 +39,31 @@ def rope(x, positions, base: float):
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+# How attention is computed: 'einsum' (below, explicit), or jax.nn.dot_product_attention with XLA's
+# implementation ('xla') or cuDNN's fused flash attention ('cudnn', GPUs only). All three take scores
+# and softmax in float32.
+ATTENTION = ("einsum", "xla", "cudnn")
+
+
 class Attention(nnx.Module):
   """Multi-head attention; with `num_kv_heads` < `num_heads`, grouped-query attention: each group of
   num_heads / num_kv_heads query heads shares one key and value head (fewer K/V weights and cache)."""
 
   def __init__(
-    self, dim: int, num_heads: int, rope_base: float = 10_000.0, *, num_kv_heads: int = 0, rngs: nnx.Rngs
+    self,
+    dim: int,
+    num_heads: int,
+    rope_base: float = 10_000.0,
+    *,
+    num_kv_heads: int = 0,
+    impl: str = "einsum",
+    rngs: nnx.Rngs,
   ):
     head_dim, kv_heads = dim // num_heads, num_kv_heads or num_heads
     if num_heads % kv_heads:
       raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={kv_heads}")
+    if impl not in ATTENTION:
+      raise ValueError(f"attention {impl!r}: use one of {ATTENTION}")
     w = _init.lecun_normal(in_axis=0, out_axis=(1, 2))
     self.wq = param(rngs, w, (dim, num_heads, head_dim), ("embed", "heads", "kv"))
     self.wk = param(rngs, w, (dim, kv_heads, head_dim), ("embed", "heads", "kv"))
@@ -55,9 +71,11 @@ class Attention(nnx.Module):
     wo = _init.lecun_normal(in_axis=(0, 1), out_axis=2)
     self.wo = param(rngs, wo, (num_heads, head_dim, dim), ("heads", "kv", "embed"))
     self.rope_base = rope_base
+    self.impl = impl
 
-  def __call__(self, x, positions=None, mask=None):
-    """x [B, L, D]; positions [B, L] for RoPE (None: no RoPE); mask [B, L, L] (None: attend to all)."""
+  def __call__(self, x, positions=None, mask=None, causal=False):
+    """x [B, L, D]; positions [B, L] for RoPE (None: no RoPE); mask [B, L, L] (None: attend to all,
+    or with `causal` to every earlier position)."""
     dt = x.dtype
     q = jnp.einsum("bld,dhk->blhk", x, self.wq[...].astype(dt))
     k = jnp.einsum("bld,dgk->blgk", x, self.wk[...].astype(dt))
@@ -65,7 +83,19 @@ class Attention(nnx.Module):
     q = constrain(q, ("batch", "act_seq", "act_heads", "act_kv"))
     if positions is not None:
       q, k = rope(q, positions, self.rope_base), rope(k, positions, self.rope_base)
+    if self.impl != "einsum":
+      out = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        mask=None if mask is None else mask[:, None],
+        is_causal=causal and mask is None,
+        implementation=self.impl,
+      )
+      return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))
     b, n, h, d = q.shape
+    if causal and mask is None:
+      mask = jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (b, n, n))
     g = k.shape[2]
     q = q.reshape(b, n, g, h // g, d)  # Query head i belongs to key/value group i // (h / g).
     # Scores and softmax in float32 whatever the compute dtype: [B, G, H/G, L, L].

@@ -1,33 +1,47 @@
-"""A Llama-style decoder in Flax NNX: RMSNorm, RoPE, SwiGLU, causal attention, untied embeddings.
+"""A Llama-style decoder in Flax NNX: RMSNorm, RoPE, SwiGLU, causal attention, tied or untied
+embeddings; its blocks unrolled or scanned, each rematerialized by a named policy or not.
 
 Every parameter carries logical axis names; activations are constrained where it matters.
 Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp, V vocab.
 """
 
+import math
+
+import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from model.layers import Attention, RMSNorm, SwiGLU, param
 from model.partitioning import constrain
 
 _init = nnx.initializers
+_policies = jax.checkpoint_policies
+# What the backward pass keeps of a block's forward pass ('none': everything, no recomputation).
+REMAT = {
+  "none": None,
+  "full": _policies.nothing_saveable,  # Only the block's input: the least memory, one more forward.
+  "dots": _policies.dots_saveable,  # Every matmul's output; recomputes only the cheap elementwise ops.
+  "dots_no_batch": _policies.dots_with_no_batch_dims_saveable,  # The weight matmuls, not attention's.
+  "block_outputs": _policies.save_only_these_names("attn_out", "mlp_out"),  # The two residual branches.
+}
 
 
 class Block(nnx.Module):
-  def __init__(self, dim, num_heads, mlp_dim, rope_base, num_kv_heads=0, *, rngs: nnx.Rngs):
+  def __init__(self, dim, num_heads, mlp_dim, rope_base, num_kv_heads=0, attention="einsum", *, rngs):
     self.attn_norm = RMSNorm(dim, rngs=rngs)
-    self.attn = Attention(dim, num_heads, rope_base, num_kv_heads=num_kv_heads, rngs=rngs)
+    self.attn = Attention(dim, num_heads, rope_base, num_kv_heads=num_kv_heads, impl=attention, rngs=rngs)
     self.mlp_norm = RMSNorm(dim, rngs=rngs)
     self.mlp = SwiGLU(dim, mlp_dim, rngs=rngs)
 
   def __call__(self, x, positions, mask):
-    x = x + self.attn(self.attn_norm(x), positions, mask)
-    x = x + self.mlp(self.mlp_norm(x))
+    x = x + checkpoint_name(self.attn(self.attn_norm(x), positions, mask, causal=True), "attn_out")
+    x = x + checkpoint_name(self.mlp(self.mlp_norm(x)), "mlp_out")
     return constrain(x, ("batch", "act_seq", "act_embed"))
 
 
 class Decoder(nnx.Module):
-  """Tokens [B, L] -> logits [B, L, V] in float32."""
+  """Tokens [B, L] -> logits [B, L, V] in float32 (`hidden`, then `logits`, for a loss taken in chunks)."""
 
   def __init__(
     self,
@@ -40,30 +54,80 @@ class Decoder(nnx.Module):
     rope_base: float,
     compute_dtype: str,
     num_kv_heads: int = 0,
+    attention: str = "einsum",
+    scan_layers: bool = False,
+    remat: str = "none",
+    tie_embeddings: bool = False,
+    z_loss: float = 0.0,
+    loss_chunk: int = 0,
     rngs: nnx.Rngs,
   ):
     if embed_dim % num_heads or (embed_dim // num_heads) % 2:
       raise ValueError("embed_dim must be a multiple of num_heads with an even head_dim")
+    if remat not in REMAT:
+      raise ValueError(f"remat {remat!r}: use one of {sorted(REMAT)}")
+    block_args = (embed_dim, num_heads, mlp_dim, rope_base, num_kv_heads, attention)
+    # Tied: the table also unembeds, so it starts small (1/sqrt(D)) and lookups are scaled back up.
+    table_init = _init.normal(1.0 / math.sqrt(embed_dim) if tie_embeddings else 1.0)
     # One axis only on the table: a lookup into a table sharded on both axes rematerializes it.
-    self.embed = param(rngs, _init.normal(1.0), (vocab_size, embed_dim), ("vocab", None))
-    self.blocks = nnx.List(
-      [Block(embed_dim, num_heads, mlp_dim, rope_base, num_kv_heads, rngs=rngs) for _ in range(num_layers)]
-    )
+    self.embed = param(rngs, table_init, (vocab_size, embed_dim), ("vocab", None))
+    if scan_layers:
+      # One Block whose parameters are stacked [num_layers, ...] along a leading `layers` axis.
+      @nnx.split_rngs(splits=num_layers)
+      @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+      def stacked(rngs):
+        return Block(*block_args, rngs=rngs)
+
+      self.layers = stacked(rngs)
+    else:
+      self.blocks = nnx.List([Block(*block_args, rngs=rngs) for _ in range(num_layers)])
     self.final_norm = RMSNorm(embed_dim, rngs=rngs)
-    self.unembed = param(rngs, _init.lecun_normal(), (embed_dim, vocab_size), ("embed", "vocab"))
+    if not tie_embeddings:
+      self.unembed = param(rngs, _init.lecun_normal(), (embed_dim, vocab_size), ("embed", "vocab"))
     self.compute_dtype = jnp.dtype(compute_dtype)
+    self.scan_layers, self.remat, self.tie_embeddings = scan_layers, remat, tie_embeddings
+    # How its loss is taken (model/losses.py): z-loss weight and positions per logits chunk.
+    self.z_loss, self.loss_chunk = z_loss, loss_chunk
 
   def __call__(self, tokens, positions=None, segment_ids=None):
+    return self.logits(self.hidden(tokens, positions, segment_ids))
+
+  def hidden(self, tokens, positions=None, segment_ids=None):
+    """Tokens [B, L] -> the final normalized hidden states [B, L, D] in the compute dtype."""
     b, n = tokens.shape
-    if positions is None:
+    mask = None  # Plain causal attention, which fused kernels do without a mask array.
+    if positions is not None or segment_ids is not None:  # Packed: attend only within the document.
+      positions = jnp.broadcast_to(jnp.arange(n), (b, n)) if positions is None else positions
+      mask = positions[:, :, None] >= positions[:, None, :]  # [B, L, L]
+      if segment_ids is not None:
+        mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+    else:
       positions = jnp.broadcast_to(jnp.arange(n), (b, n))
-    causal = positions[:, :, None] >= positions[:, None, :]  # [B, L, L]
-    if segment_ids is not None:  # Packed sequences: attention never crosses documents.
-      causal &= segment_ids[:, :, None] == segment_ids[:, None, :]
     x = jnp.take(self.embed[...], tokens, axis=0).astype(self.compute_dtype)
+    if self.tie_embeddings:
+      x = x * jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype))
     x = constrain(x, ("batch", "act_seq", "act_embed"))
-    for block in self.blocks:
-      x = block(x, positions, causal)
-    x = self.final_norm(x)
-    logits = (x @ self.unembed[...].astype(x.dtype)).astype(jnp.float32)
+
+    def block_fn(block, x):
+      return block(x, positions, mask)
+
+    if self.remat != "none":
+      block_fn = nnx.remat(block_fn, policy=REMAT[self.remat], prevent_cse=not self.scan_layers)
+    if self.scan_layers:
+      scan = nnx.scan(
+        block_fn,
+        in_axes=(0, nnx.Carry),
+        out_axes=nnx.Carry,
+        transform_metadata={nnx.PARTITION_NAME: "layers"},
+      )
+      x = scan(self.layers, x)
+    else:
+      for block in self.blocks:
+        x = block_fn(block, x)
+    return self.final_norm(x)
+
+  def logits(self, h):
+    """Hidden states [..., D] -> float32 logits [..., V]."""
+    w = self.embed[...].T if self.tie_embeddings else self.unembed[...]
+    logits = (h @ w.astype(h.dtype)).astype(jnp.float32)
     return constrain(logits, ("batch", "act_seq", "act_vocab"))

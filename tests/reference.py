@@ -26,12 +26,22 @@ def _rope(x, base):  # x: [B, L, H, K]
   )
 
 
+def _blocks(params) -> list:
+  """Each layer's params: unrolled ({'blocks': {0: ..., 1: ...}}) or scanned (stacked {'layers': ...})."""
+  if "layers" in params:
+    depth = len(params["layers"]["attn_norm"]["scale"])
+    return [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(depth)]
+  return [params["blocks"][i] for i in range(len(params["blocks"]))]
+
+
 def logits(params, tokens, rope_base=10_000.0):
+  tied = "unembed" not in params  # Tied: the table unembeds too, and lookups are scaled by sqrt(D).
   x = params["embed"][tokens]  # [B, L, D]
+  if tied:
+    x = x * math.sqrt(x.shape[-1])
   n = tokens.shape[1]
   causal = jnp.tril(jnp.ones((n, n), bool))
-  for i in range(len(params["blocks"])):
-    blk = params["blocks"][i]
+  for blk in _blocks(params):
     h = _rms_norm(x, blk["attn_norm"]["scale"])
     a = blk["attn"]
     q = _rope(jnp.einsum("bld,dhk->blhk", h, a["wq"]), rope_base)
@@ -45,16 +55,19 @@ def logits(params, tokens, rope_base=10_000.0):
     h = _rms_norm(x, blk["mlp_norm"]["scale"])
     m = blk["mlp"]
     x = x + (jax.nn.silu(h @ m["gate"]) * (h @ m["up"])) @ m["down"]
-  return _rms_norm(x, params["final_norm"]["scale"]) @ params["unembed"]
+  return _rms_norm(x, params["final_norm"]["scale"]) @ (params["embed"].T if tied else params["unembed"])
 
 
-def mean_loss(params, tokens):
-  """Mean next-token cross-entropy over all tokens of `tokens` [N, L+1] (valid examples only)."""
-  logp = jax.nn.log_softmax(logits(params, tokens[:, :-1]))
-  return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+def mean_loss(params, tokens, z_loss=0.0):
+  """Mean next-token cross-entropy over all tokens of `tokens` [N, L+1] (valid examples only), plus
+  z_loss times the mean squared log-normalizer."""
+  out = logits(params, tokens[:, :-1])
+  logp = jax.nn.log_softmax(out)
+  xent = -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+  return xent + z_loss * jnp.mean(jax.nn.logsumexp(out, axis=-1) ** 2)
 
 
-loss_and_grad = jax.jit(jax.value_and_grad(mean_loss))
+loss_and_grad = jax.jit(jax.value_and_grad(mean_loss), static_argnums=2)
 
 
 @jax.jit
@@ -120,9 +133,10 @@ class AdamW:
     self.nu = jax.tree.map(lambda v, g: o.b2 * v + (1 - o.b2) * g * g, self.nu, grads)
     c1, c2 = 1 - o.b1**self.count, 1 - o.b2**self.count
 
-    def step(p, m, v):
+    def step(path, p, m, v):
       p = np.asarray(p, np.float64)
-      u = (m / c1) / (np.sqrt(v / c2) + 1e-8) + (o.weight_decay * p if p.ndim > 1 else 0.0)
+      is_scale = getattr(path[-1], "key", None) == "scale"  # RMSNorm scales, stacked or not: no decay.
+      u = (m / c1) / (np.sqrt(v / c2) + 1e-8) + (0.0 if is_scale else o.weight_decay * p)
       return (p - lr * u).astype(np.float32)
 
-    return jax.tree.map(step, params, self.mu, self.nu)
+    return jax.tree_util.tree_map_with_path(step, params, self.mu, self.nu)

@@ -56,3 +56,19 @@ def test_every_experiment_key_has_a_rule_and_refuses_wrong_values(name):
   module = experiments.load(name)
   assert configuration.keys(module.default_config()) == set(module.CONFIG_RULES)
   _walk(name, module.CONFIG_RULES, module.check_config)
+
+
+@pytest.mark.parametrize(
+  "overrides, fragment",
+  [
+    ({"model.loss_chunk": 48}, "model.loss_chunk=48 must divide data.seq_len=64"),
+    ({"model.attention": "cudnn"}, "model.attention='cudnn' needs GPUs"),
+    ({"model.num_kv_heads": 3}, "model.num_kv_heads=3 must divide model.num_heads=4"),
+  ],
+)
+def test_lm_keys_that_depend_on_each_other_are_checked_together(overrides, fragment):
+  cfg = base.get_config("lm")
+  for key, value in overrides.items():
+    configuration.set_key(cfg, key, value)
+  with pytest.raises(UserError, match=fragment):
+    experiments.load("lm").check_config(cfg)

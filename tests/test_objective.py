@@ -48,10 +48,20 @@ def _valid_tokens(comp, t):
   return np.stack([comp.sources.train[int(i)]["tokens"] for i in ids if i >= 0])
 
 
-# Grouped-query attention (4 query heads sharing 2 key/value heads) on two of them, tensor-parallel too.
-_GQA = {
+# The model's switches ride on combinations that run anyway: grouped-query attention (4 query heads
+# sharing 2 key/value heads; multi-query), scanned layers with remat, jax.nn.dot_product_attention,
+# a chunked loss, tied embeddings and z-loss. The reference knows none of them but the objective.
+_MODEL = {
   ((2, 2, 2), "fsdp_tp", 1): {"model.num_heads": 4, "model.num_kv_heads": 2},
   ((8, 1, 1), "dp", 1): {"model.num_heads": 4, "model.num_kv_heads": 1},
+  ((1, 8, 1), "fsdp", 1): {"model.num_layers": 2, "model.scan_layers": True, "model.remat": "full"},
+  ((2, 2, 2), "fsdp_tp", 4): {"model.scan_layers": True, "model.remat": "dots_no_batch"},
+  ((4, 1, 2), "fsdp_tp", 2): {
+    "model.attention": "xla",
+    "model.loss_chunk": 4,
+    "model.remat": "block_outputs",
+  },
+  ((2, 2, 2), "dp", 2): {"model.tie_embeddings": True, "model.z_loss": 1e-2, "model.num_kv_heads": 1},
 }
 
 
@@ -70,14 +80,14 @@ _GQA = {
   ],
 )
 def test_sharded_step_matches_independent_reference(mesh, strategy, microbatches):
-  config = _config(mesh, strategy, microbatches, **_GQA.get((mesh, strategy, microbatches), {}))
+  config = _config(mesh, strategy, microbatches, **_MODEL.get((mesh, strategy, microbatches), {}))
   devices = jax.devices()[: math.prod(mesh)]
   theta0, metrics, state, comp = run_steps(config, devices, STEPS)
   assert comp.plan.valid_rows(6) == 4  # The padded batch is among the steps.
 
   params, adamw = theta0, reference.AdamW(theta0, config.optimizer)
   for t in range(STEPS):
-    loss, grads = reference.loss_and_grad(params, _valid_tokens(comp, t))
+    loss, grads = reference.loss_and_grad(params, _valid_tokens(comp, t), config.model.z_loss)
     assert abs(metrics[t]["loss"] - float(loss)) <= 1e-5 * abs(float(loss)), t
     assert _ratio(metrics[t]["grads"], grads, _norm(grads)) <= 1e-3, t
     assert metrics[t]["count"] == comp.plan.valid_rows(t) * config.data.seq_len
@@ -134,7 +144,8 @@ def test_gradient_norm_does_not_grow_with_device_count():
 def test_packed_padded_documents_match_a_reference_that_runs_each_document_alone(tmp_path, packing):
   """Real prepared records: documents of many lengths, each followed by eos, the last record padded.
   The reference sees only the stored tokens, cut into documents (packing) and at the first pad: no
-  weights, masks, segment ids or positions. Two steps cover the whole epoch, the second partly padding."""
+  weights, masks, segment ids or positions. Two steps cover the whole epoch, the second partly padding.
+  Packed, the masks go through jax.nn.dot_product_attention and a scanned model."""
   from data import prepare
 
   rng = np.random.default_rng(0)
@@ -153,6 +164,7 @@ def test_packed_padded_documents_match_a_reference_that_runs_each_document_alone
       "data.packing": packing,
       "model.vocab_size": prepare.BYTE_VOCAB_SIZE,
       "eval_steps": 0,
+      **({"model.attention": "xla", "model.scan_layers": True} if packing else {}),
     },
   )
   theta0, metrics, state, comp = run_steps(config, jax.devices(), 2)

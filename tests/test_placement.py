@@ -47,13 +47,17 @@ def _zero1_axes(shape, ways):
   return axes
 
 
-def _large_over_fsdp(shape, axes, mesh, min_size):
+def _large_over_fsdp(shape, axes, mesh, min_size, logical):
   """FSDP: a leaf of min_size elements or more not split over fsdp gets fsdp added to its largest
-  dimension whose size the dimension's ways times fsdp divide."""
+  dimension whose size the dimension's ways times fsdp divide, never the stacked `layers` one."""
   ways = mesh.shape["fsdp"]
   if ways == 1 or math.prod(shape) < min_size or any("fsdp" in a for a in axes):
     return axes
-  fits = [i for i, d in enumerate(shape) if d % (math.prod(mesh.shape[a] for a in axes[i]) * ways) == 0]
+  fits = [
+    i
+    for i, d in enumerate(shape)
+    if d % (math.prod(mesh.shape[a] for a in axes[i]) * ways) == 0 and logical[i] != "layers"
+  ]
   if fits:
     axes = list(axes)
     i = max(fits, key=lambda i: shape[i])
@@ -61,13 +65,22 @@ def _large_over_fsdp(shape, axes, mesh, min_size):
   return axes
 
 
-# The tiny model's largest leaves have 2,048 elements: 1,024 brings the large-leaf rule in.
+# The tiny model's largest leaves have 2,048 elements: 1,024 brings the large-leaf rule in. Scanned:
+# 64 layers stacked: the largest dimension of the norm scales [64, 32], never to be split.
 @pytest.mark.parametrize(
-  "strategy, min_size",
-  [("dp", 2**14), ("zero1", 2**14), ("fsdp", 2**14), ("fsdp_tp", 2**14), ("fsdp", 1024), ("fsdp_tp", 1024)],
+  "strategy, min_size, scan",
+  [
+    ("dp", 2**14, False),
+    ("zero1", 2**14, False),
+    ("fsdp", 2**14, False),
+    ("fsdp_tp", 2**14, False),
+    ("fsdp", 1024, False),
+    ("fsdp_tp", 1024, False),
+    ("fsdp", 128, True),
+  ],
 )
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 4, 2)])
-def test_every_leaf_lives_where_the_rules_say(strategy, min_size, mesh_shape):
+def test_every_leaf_lives_where_the_rules_say(strategy, min_size, scan, mesh_shape):
   data, fsdp, tensor = mesh_shape
   cfg = tiny_config(
     **{
@@ -76,6 +89,7 @@ def test_every_leaf_lives_where_the_rules_say(strategy, min_size, mesh_shape):
       "mesh.data": data,
       "mesh.fsdp": fsdp,
       "mesh.tensor": tensor,
+      **({"model.scan_layers": True, "model.num_layers": 64} if scan else {}),
     }
   )
   comp = components.build(cfg)
@@ -92,7 +106,7 @@ def test_every_leaf_lives_where_the_rules_say(strategy, min_size, mesh_shape):
   ):
     param_axes = [table.get(n, ()) if n else () for n in logical]
     if strategy in ("fsdp", "fsdp_tp"):
-      param_axes = _large_over_fsdp(param.shape, param_axes, mesh, min_size)
+      param_axes = _large_over_fsdp(param.shape, param_axes, mesh, min_size, logical)
     if strategy == "zero1":
       opt_axes = _zero1_axes(param.shape, mesh.shape["data"] * mesh.shape["fsdp"])
     else:

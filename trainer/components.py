@@ -70,11 +70,11 @@ def build(config, devices=None) -> Components:
     raise UserError(
       "the held-out source has no records; give the experiment held-out data or set eval_steps=0"
     )
-  tx, schedule = make_optimizer(config.optimizer, config.steps)
   try:
     mdef = state_lib.model_def(functools.partial(experiment.build_model, config))
   except ValueError as e:
     raise UserError(f"model: {e}") from None
+  tx, schedule = make_optimizer(config.optimizer, config.steps, mdef.logical_specs)
   try:
     s = config.sharding
     shardings = state_lib.state_shardings(mdef, tx, mesh, rules, s.strategy, s.fsdp_min_size)

@@ -33,12 +33,25 @@ def _base_schedule(opt, steps: int) -> optax.Schedule:
   raise UserError(f"optimizer.schedule={opt.schedule!r}: use 'cosine' or 'constant'")
 
 
-def make_optimizer(opt, steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def decays(shape, logical_axes=()) -> bool:
+  """Weight decay on matrices only: norms' scales and biases (rank 1) keep their value. Rank counts
+  without a leading `layers` axis, so a scanned model's stacked scales [layers, D] are not decayed."""
+  return len(shape) - sum(name == "layers" for name in logical_axes) > 1
+
+
+def make_optimizer(
+  opt, steps: int, logical_specs=None
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """`logical_specs`: the params' logical axis names (a tree like params), for `decays`."""
   if opt.name != "adamw":
     raise UserError(f"optimizer.name={opt.name!r}: only 'adamw' is available")
   schedule = make_schedule(opt, steps)
-  # Decay matrices only: norms' scales (rank 1) keep their value.
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
+
+  def decay_mask(params):
+    if logical_specs is None:
+      return jax.tree.map(lambda p: decays(p.shape), params)
+    return jax.tree.map(lambda p, names: decays(p.shape, tuple(names)), params, logical_specs)
+
   adamw = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay, mask=decay_mask)
   clip = optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm > 0 else optax.identity()
   return optax.chain(clip, adamw), schedule

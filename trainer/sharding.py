@@ -27,8 +27,16 @@ from model.partitioning import logical_to_spec
 from trainer import mesh as mesh_lib
 
 _BATCH = (("batch", ("data", "fsdp")),)
-# Activations and small weights: replicated unless tensor parallelism names them below.
-_COMMON = (("kv", None), ("norm", None), ("act_seq", None), ("act_embed", None), ("act_kv", None))
+# Activations and small weights: replicated unless tensor parallelism names them below. `layers`, the
+# leading axis of scanned layers' stacked params, is never split: each step of the scan reads one layer.
+_COMMON = (
+  ("layers", None),
+  ("kv", None),
+  ("norm", None),
+  ("act_seq", None),
+  ("act_embed", None),
+  ("act_kv", None),
+)
 _REPLICATED = (("embed", None), ("mlp", None), ("heads", None))
 _NO_TP_ACTS = (("act_heads", None), ("act_mlp", None))
 _TP = (("mlp", "tensor"), ("heads", "tensor"))
@@ -97,17 +105,23 @@ def shards_params_over_fsdp(strategy: str) -> bool:
   return strategy in ("fsdp", "fsdp_tp")
 
 
-def fsdp_spec(shape, param_spec: P, mesh: Mesh, min_size: int) -> P:
+def fsdp_spec(shape, param_spec: P, mesh: Mesh, min_size: int, logical=()) -> P:
   """FSDP for every large parameter: one of `min_size` elements or more that `param_spec` leaves
   unsplit over fsdp gets fsdp added to its largest dimension that can take it (a dimension already
   split over `tensor` is split over both: a lookup table then stays split along one dimension only,
-  which the lookup handles without gathering the table; none divisible: left as it is)."""
+  which the lookup handles without gathering the table; none divisible: left as it is). A dimension
+  whose `logical` name is `layers` (stacked scanned layers) is never chosen."""
   ways = mesh.shape["fsdp"]
   spec = list(param_spec) + [None] * (len(shape) - len(param_spec))
   if ways == 1 or "fsdp" in jax.tree.leaves(tuple(spec)) or math.prod(shape) < min_size:
     return P(*spec)
   axes = [mesh_axes(a) for a in spec]
-  fits = [i for i, d in enumerate(shape) if d % (math.prod(mesh.shape[a] for a in axes[i]) * ways) == 0]
+  names = tuple(logical) + (None,) * len(shape)
+  fits = [
+    i
+    for i, d in enumerate(shape)
+    if d % (math.prod(mesh.shape[a] for a in axes[i]) * ways) == 0 and names[i] != "layers"
+  ]
   if fits:
     i = max(fits, key=lambda i: shape[i])
     spec[i] = "fsdp" if not axes[i] else (*axes[i], "fsdp")

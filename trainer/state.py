@@ -59,9 +59,12 @@ def state_shardings(
   abstract_params = nnx.to_pure_dict(mdef.abstract_state)
   if sharding_lib.shards_params_over_fsdp(strategy):
     param_sh = jax.tree.map(
-      lambda sh, leaf: NamedSharding(mesh, sharding_lib.fsdp_spec(leaf.shape, sh.spec, mesh, fsdp_min_size)),
+      lambda sh, leaf, names: NamedSharding(
+        mesh, sharding_lib.fsdp_spec(leaf.shape, sh.spec, mesh, fsdp_min_size, tuple(names))
+      ),
       param_sh,
       abstract_params,
+      mdef.logical_specs,
     )
   _check_divisible(abstract_params, param_sh)
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
