@@ -39,6 +39,12 @@ What the module provides:
       in the global batch): draw random bits per example (jax.vmap over rows) so they never depend on
       how the batch is split. `rng` is None in evaluation: be deterministic then.
 
+Optional:
+  example_batch(config) -> dict[str, np.ndarray]
+      One row shaped and typed as make_batch's batches (zeros will do), from the config alone:
+      --mode=inspect compiles the step from it without opening the data, so a cluster's data.path
+      need not exist where you inspect. Without it, inspect reads the first batch of the real data.
+
 What the trainer guarantees:
   - Global batch t holds the same records in the same order on any number of devices and processes;
     an epoch's last batch is padded with rows whose records are zeros and `valid` is False.

@@ -191,6 +191,14 @@ def data_sources(config) -> DataSources:
   raise UserError(f"data.source={d.source!r}: use 'synthetic' or 'arrayrecord'")
 
 
+def example_batch(config) -> dict[str, np.ndarray]:
+  """One row shaped as data_sources' batches are, from the config alone (--mode=inspect compiles from it)."""
+  d = config.data
+  packed = d.source == "arrayrecord" and d.packing
+  tokens = np.zeros((1, d.seq_len + 1), np.int32)
+  return make_batch({"tokens": tokens}, np.ones(1, bool), pad_id=0, eos_id=0 if packed else None)
+
+
 def make_batch(records, valid, pad_id: int | None, eos_id: int | None) -> dict[str, np.ndarray]:
   """Token records [rows, seq_len + 1] -> inputs, targets, weights [rows, seq_len] (0 on padding rows,
   pad targets and, when packed, across documents); with `eos_id` (packing) also segment_ids and

@@ -68,3 +68,22 @@ def test_fsdp_puts_near_total_over_n_on_every_device_the_embedding_table_include
   t = out["totals"]
   assert t["param_bytes_per_device_max"] <= 1.05 * t["param_bytes"] / 8, t
   assert t["opt_state_bytes_per_device_max"] <= 1.05 * t["opt_state_bytes"] / 8, t
+
+
+def test_inspect_compiles_from_the_experiments_example_batch_without_opening_the_data(tmp_path):
+  from trainer import components
+
+  # The example batch is shaped and typed as the real data's batches.
+  cfg = _cfg((2, 2, 2), "fsdp_tp")
+  comp, spec = components.build_for_compile(cfg)
+  real = components.local_batches(components.build(cfg))(0)
+  assert {k: (v.shape[1:], v.dtype) for k, v in spec.items()} == {
+    k: (v.shape[1:], v.dtype) for k, v in real.items()
+  }
+  assert all(v.shape[0] == cfg.global_batch_size for v in spec.values())
+  # A cluster's packed data set that is not here: no error, and packing's extra inputs are there.
+  packed = tiny_config(
+    **{"data.source": "arrayrecord", "data.path": str(tmp_path / "absent"), "data.packing": True}
+  )
+  comp, spec = components.build_for_compile(packed)
+  assert comp.sources is None and set(spec) == {"inputs", "targets", "weights", "segment_ids", "positions"}

@@ -26,9 +26,9 @@ class Components:
   mesh: Mesh
   rules: tuple
   experiment: ModuleType
-  sources: DataSources
-  plan: BatchPlan  # Train order.
-  eval_plan: BatchPlan  # Held-out order (not shuffled).
+  sources: DataSources | None  # None when built without data (inspect, from example_batch).
+  plan: BatchPlan | None  # Train order.
+  eval_plan: BatchPlan | None  # Held-out order (not shuffled).
   tx: optax.GradientTransformation
   schedule: optax.Schedule
   mdef: state_lib.ModelDef
@@ -50,7 +50,8 @@ def load_experiment(config) -> ModuleType:
   return module
 
 
-def build(config, devices=None) -> Components:
+def build(config, devices=None, with_data: bool = True) -> Components:
+  """`with_data=False`: no data sources or plans (for compiling from the experiment's example_batch)."""
   config_checks.check(config)  # Every trainer key; the experiment checks its own below.
   experiment = load_experiment(config)
   experiment.check_config(config)
@@ -63,10 +64,10 @@ def build(config, devices=None) -> Components:
       f"global_batch_size={b} must be divisible by the data-parallel size {dp} "
       f"(batch axes of mesh {dict(mesh.shape)}) times microbatches={m}"
     )
-  sources = experiment.data_sources(config)
-  if len(sources.train) == 0:
+  sources = experiment.data_sources(config) if with_data else None
+  if sources is not None and len(sources.train) == 0:
     raise UserError("the training source has no records: every batch would be empty")
-  if len(sources.eval) == 0 and config.eval_steps > 0:
+  if sources is not None and len(sources.eval) == 0 and config.eval_steps > 0:
     raise UserError(
       "the held-out source has no records; give the experiment held-out data or set eval_steps=0"
     )
@@ -85,8 +86,8 @@ def build(config, devices=None) -> Components:
     rules=rules,
     experiment=experiment,
     sources=sources,
-    plan=BatchPlan(len(sources.train), b, config.seed),
-    eval_plan=BatchPlan(max(len(sources.eval), 1), b, config.seed, shuffle=False),
+    plan=BatchPlan(len(sources.train), b, config.seed) if sources else None,
+    eval_plan=BatchPlan(max(len(sources.eval), 1), b, config.seed, shuffle=False) if sources else None,
     tx=tx,
     schedule=schedule,
     mdef=mdef,
@@ -99,6 +100,17 @@ def init_state(comp: Components, config) -> state_lib.TrainState:
   """A fresh train state from config.seed, initialized directly into comp's shardings."""
   build = lambda rngs: comp.experiment.build_model(config, rngs)
   return state_lib.init_state(build, comp.mdef, comp.tx, comp.shardings, config.seed)
+
+
+def build_for_compile(config, devices=None) -> tuple[Components, dict]:
+  """Components and the global batch's ShapeDtypeStructs, for compiling ahead of time. From the
+  experiment's optional example_batch(config) the data is never opened (a cluster's data.path need not
+  exist here); without it, from the first batch of the real data."""
+  experiment = load_experiment(config)
+  example = getattr(experiment, "example_batch", None)
+  comp = build(config, devices, with_data=example is None)
+  local = example(config) if example else local_batches(comp)(0)
+  return comp, pipeline.global_spec(local, comp.batch_sharding, config.global_batch_size)
 
 
 def local_batches(comp: Components, split: str = "train") -> pipeline.LocalBatches:

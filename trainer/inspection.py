@@ -11,7 +11,6 @@ import os
 import jax
 import numpy as np
 
-from data import pipeline
 from trainer import components
 from trainer import state as state_lib
 from trainer.hlo_collectives import collectives
@@ -35,7 +34,7 @@ def _leaves(tree):
 
 
 def report(config, devices=None) -> dict:
-  comp = components.build(config, devices)
+  comp, batch = components.build_for_compile(config, devices)
   target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
   logical = dict(_leaves(comp.mdef.logical_specs))
   devices = list(comp.mesh.devices.flat)
@@ -63,8 +62,6 @@ def report(config, devices=None) -> dict:
         totals[d.id] += _bytes_per_device(leaf)
     return max(totals.values())
 
-  local = components.local_batches(comp)
-  batch = pipeline.global_spec(local(0), comp.batch_sharding, config.global_batch_size)
   with jax.set_mesh(comp.mesh):
     compiled = make_train_step(comp, config.microbatches).lower(target, batch).compile()
   memory = compiled.memory_analysis()
