@@ -28,6 +28,9 @@ UNIT = "tokens"
 # tensor axis under fsdp_tp).
 LOGICAL_AXES = {"vocab": "mlp", "act_vocab": "act_mlp"}
 TINY = {
+  # A recipe's grouped heads and loss chunks would not divide the tiny sizes: their defaults instead.
+  "model.num_kv_heads": 0,
+  "model.loss_chunk": 0,
   "data.source": "synthetic",
   "data.packing": False,
   "data.vocab_size": 32,
@@ -59,9 +62,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.num_kv_heads = 0  # Key/value heads (grouped-query attention) dividing num_heads; 0: num_heads.
   c.model.mlp_dim = 256  # Hidden width of the SwiGLU MLP.
   c.model.rope_base = 10_000.0  # RoPE frequency base.
-  c.model.attention = (
-    "einsum"  # 'einsum' (explicit), or jax.nn.dot_product_attention: 'xla' or 'cudnn' (GPU).
-  )
+  # 'einsum' (explicit), or jax.nn.dot_product_attention: 'xla', 'cudnn' (GPUs), or 'auto' (cuDNN on
+  # GPUs in bfloat16, else XLA). model/layers.py ATTENTION.
+  c.model.attention = "einsum"
   # Scanned: one compiled block run num_layers times over stacked params (compile time flat in depth);
   # unrolled: num_layers copies in the program. Checkpoints of one do not restore into the other.
   c.model.scan_layers = False

@@ -40,9 +40,17 @@ def rope(x, positions, base: float):
 
 
 # How attention is computed: 'einsum' (below, explicit), or jax.nn.dot_product_attention with XLA's
-# implementation ('xla') or cuDNN's fused flash attention ('cudnn', GPUs only). All three take scores
-# and softmax in float32.
-ATTENTION = ("einsum", "xla", "cudnn")
+# implementation ('xla') or cuDNN's fused flash attention ('cudnn', GPUs only), or 'auto': cuDNN on GPUs
+# in bfloat16/float16, XLA elsewhere (one recipe for the cluster and the laptop that inspects it).
+# All of them take scores and softmax in float32.
+ATTENTION = ("einsum", "xla", "cudnn", "auto")
+
+
+def _implementation(impl: str, dtype) -> str:
+  if impl != "auto":
+    return impl
+  fused = jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+  return "cudnn" if fused else "xla"
 
 
 class Attention(nnx.Module):
@@ -90,7 +98,7 @@ class Attention(nnx.Module):
         v,
         mask=None if mask is None else mask[:, None],
         is_causal=causal and mask is None,
-        implementation=self.impl,
+        implementation=_implementation(self.impl, dt),
       )
       return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))
     b, n, h, d = q.shape

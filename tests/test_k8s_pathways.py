@@ -56,7 +56,7 @@ def test_pathways_manifest(tpu, topology, hosts, chips, instance_type):
   assert "--instance_count=2" in sidecars["pathways-rm"]["args"]
   trainer = _container(head_pod)
   assert trainer["command"] == ["python", "main.py"]
-  assert trainer["args"][:3] == ["--pathways", "--config=configs/lm_small.py", "--workdir=/runs/lm_small"]
+  assert trainer["args"][:3] == ["--pathways", "--config=configs/lm_125m.py", "--workdir=/runs/lm_125m"]
   env = _env(trainer)
   assert env["JAX_PLATFORMS"]["value"] == "proxy"
   assert env["JAX_BACKEND_TARGET"]["value"] == "grpc://$(PATHWAYS_HEAD):29000"

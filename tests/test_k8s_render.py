@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from launch import gpu_flags
 from launch.k8s import render as k8s
 from launch.k8s import schema
 from tests.conftest import REPO
@@ -18,8 +19,8 @@ from trainer import runtime
 BASE = dict(
   image="registry.example/jax-template:1",
   command_args=["--config.steps=1000", "--config.mesh.fsdp=8"],
-  config="configs/lm_small.py",
-  workdir="/runs/lm_small",
+  config="configs/lm_125m.py",
+  workdir="/runs/lm_125m",
   replicas=4,
   pvc="runs",
 )
@@ -166,8 +167,8 @@ def test_command_runs_main_with_config_workdir_and_the_extra_flags():
   container = _container(_gpu_pod(k8s.render(**BASE)))
   assert container["command"] == ["python", "main.py"]
   assert container["args"] == [
-    "--config=configs/lm_small.py",
-    "--workdir=/runs/lm_small",
+    "--config=configs/lm_125m.py",
+    "--workdir=/runs/lm_125m",
     "--config.steps=1000",
     "--config.mesh.fsdp=8",
   ]
@@ -249,8 +250,8 @@ CLI = [
   "--image=registry.example/jax-template:1",
   "--replicas=4",
   "--pvc=runs",
-  "--config=configs/lm_small.py",
-  "--workdir=/runs/lm_small",
+  "--config=configs/lm_125m.py",
+  "--workdir=/runs/lm_125m",
   "--",
   "--config.steps=1000",
   "--config.mesh.fsdp=8",
@@ -289,3 +290,12 @@ def test_yaml_output_falls_back_to_json_without_pyyaml(monkeypatch):
   monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` now raises ImportError.
   objects = k8s.render(**BASE)
   assert json.loads(k8s.to_yaml(objects))["items"] == objects
+
+
+def test_gpu_pods_get_xla_gpu_flags_before_the_users_own():
+  flags = lambda **kw: _env(_container(_gpu_pod(k8s.render(**{**BASE, **kw}))))["XLA_FLAGS"]["value"]
+  assert flags() == gpu_flags.xla_flags()
+  assert flags(env={"XLA_FLAGS": "--xla_dump_to=/tmp/d"}).split() == [
+    *gpu_flags.xla_flags().split(),
+    "--xla_dump_to=/tmp/d",
+  ]

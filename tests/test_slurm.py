@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from launch import gpu_flags
 from launch.local import CHILD_ENV_DEFAULTS
 from tests import slurm_cluster as local_cluster
 from tests.conftest import REPO, TINY_FLAGS, read_jsonl, train_losses
@@ -172,7 +173,7 @@ def test_time_limit_warning_saves_requeues_and_resumes(slurm, tmp_path):
 
 STUB_PYTHON = """#!/bin/bash
 # Stands in for the venv's python: runs the script's own snippets (-c), prints what main.py would get.
-if [[ "$1" == "-c" ]]; then exec {python} "$@"; fi
+if [[ "$1" == "-c" || "$1" == "-m" ]]; then exec {python} "$@"; fi
 echo "argv $*"
 env | grep -E '^(JAX_|XLA_|NCCL_|CUDA_VISIBLE_DEVICES=)' | sed 's/^/env /'
 """
@@ -219,7 +220,7 @@ def test_gpu_mode_environment(slurm, tmp_path, tasks_per_node, cuda_visible, dev
     assert got["JAX_COMPILATION_CACHE_DIR"] == f"{workdir}/jax_cache"
     assert got["NCCL_DEBUG"] == "WARN"
     assert got["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.90"
-    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in got["XLA_FLAGS"].split()
+    assert got["XLA_FLAGS"].split() == gpu_flags.xla_flags().split()
     if len(device_ids) > 1:
       assert got["JAX_NUM_PROCESSES"] == str(len(device_ids))
       assert re.fullmatch(r"127\.0\.0\.1:6\d{4}", got["JAX_COORDINATOR_ADDRESS"]), out

@@ -79,7 +79,7 @@ def _check_inputs(image, command_args, config, workdir, replicas, name, namespac
   if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
     raise RenderError(f"replicas={replicas!r}: must be a whole number of at least 1")
   if not config:
-    raise RenderError("config is empty: give the config file main.py should read, e.g. configs/lm_small.py")
+    raise RenderError("config is empty: give the config file main.py should read, e.g. configs/lm_125m.py")
   if not workdir:
     raise RenderError("workdir is empty: give the run directory every pod shares, e.g. /runs/NAME")
   _check_dns_label("name", name)

@@ -1,7 +1,7 @@
 """Renders a Kubernetes JobSet that runs main.py on several GPU hosts, or through Pathways on TPU slices.
 
   python launch/k8s/render.py --image=REGISTRY/IMAGE:TAG --replicas=4 --pvc=runs \\
-      --config=configs/lm_small.py --workdir=/runs/lm_small -- --config.steps=20000 > job.yaml
+      --config=configs/lm_125m.py --workdir=/runs/lm_125m -- --config.steps=20000 > job.yaml
   kubectl apply -f job.yaml      # needs the JobSet controller (jobset.x-k8s.io) installed in the cluster
 
 GPU (the default): one JobSet with one replicated Job of `replicas` pods, one process each, with
@@ -35,6 +35,7 @@ from types import SimpleNamespace
 if __package__ in (None, ""):  # Run as a script (python launch/k8s/render.py): import from the repository.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from launch import gpu_flags  # noqa: E402
 from launch.k8s import schema  # noqa: E402
 
 # RESERVED_FLAGS, USER_ERROR_EXIT and the Pathways constants are used by the builders beside this file,
@@ -77,6 +78,10 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
   _check_hostname(o.name, WORKER_JOB, 1, o.replicas)
   coordinator = f"{o.name}-{WORKER_JOB}-0-0.{o.name}:{o.port}"
   volumes, mounts = _volumes(o.workdir, o.pvc, o.mount_path, o.shm_size)
+  # XLA's GPU throughput flags (launch/gpu_flags.py), then an --env XLA_FLAGS of yours: later ones win.
+  xla_flags = []
+  if o.gpus_per_replica:
+    xla_flags = [_env("XLA_FLAGS", f"{gpu_flags.xla_flags()} {o.env.pop('XLA_FLAGS', '')}".strip())]
   container = _main_container(
     o,
     [
@@ -84,6 +89,7 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
       _env("JAX_COORDINATOR_ADDRESS", coordinator),
       _env("JAX_NUM_PROCESSES", str(o.replicas)),
       _env("JAX_PROCESS_ID", field=COMPLETION_INDEX),
+      *xla_flags,
     ],
     mounts,
     ports=[{"name": "coordinator", "containerPort": o.port}],

@@ -1,0 +1,63 @@
+"""A Llama-3-8B-shaped decoder LM (8.03B parameters) for 8 hosts of 8 GPUs.
+
+Recipe:
+  python -m data.prepare --input='corpus/*.txt' --output=/shared/data/corpus --seq_len=4096 \
+    --tokenizer=TOKENIZER   # a 128k-vocabulary tokenizer; model.vocab_size must cover it
+  CONFIG=configs/lm_8b.py WORKDIR=/shared/runs/lm_8b sbatch --nodes=8 launch/slurm/train.sbatch \
+    --config.data.path=/shared/data/corpus --config.mesh.dcn_fsdp=8
+Hardware: 8 hosts x 8 GPUs (H100/H200, 80 GB class). FSDP over all 64 GPUs: mesh.fsdp=-1 fills a host,
+mesh.dcn_fsdp=8 spans the hosts (outermost, so within-host collectives stay on NVLink).
+Model: d_model 4096, 32 scanned layers, 32 query / 8 key-value heads of 128, SwiGLU 14336, RoPE base
+500k, vocabulary 128,256, untied, bf16 compute with fp32 params, full remat (each layer's input kept,
+the rest recomputed), the loss taking the logits 256 positions at a time.
+Expect: per-device memory from an ahead-of-time compile for 64 devices (logical CPU, XLA attention,
+so an upper bound) in WORKSPACE.md's table; nothing measured on GPUs yet. Inspect (a few minutes on
+2 cores; no parameter is allocated):
+  python main.py --config=configs/lm_8b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
+Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
+(`--config=configs/lm_8b.py:tiny`); short arguments combine, e.g. `:tiny,fsdp=4`.
+"""
+
+from configs import base
+from trainer import configuration
+
+
+def get_config(arg=None):
+  c = base.get_config("lm")
+  c.steps = 100_000
+  c.global_batch_size = 256  # 1M tokens per step; 4 sequences per GPU on 64.
+  c.log_every = 20
+  c.eval_every = 2_000
+  c.eval_steps = 20
+  c.mesh.data = 1
+  c.mesh.fsdp = -1  # Every device of a host; set mesh.dcn_fsdp to the number of hosts.
+  c.mesh.tensor = 1
+  c.sharding.strategy = "fsdp"
+  c.data.source = "arrayrecord"
+  c.data.path = ""  # Set with --config.data.path=... to the data.prepare output.
+  c.data.seq_len = 4096
+  c.data.packing = True
+  c.data.read_threads = 8
+  c.data.prefetch = 4
+  c.model.vocab_size = 128_256
+  c.model.embed_dim = 4096
+  c.model.num_layers = 32
+  c.model.num_heads = 32
+  c.model.num_kv_heads = 8
+  c.model.mlp_dim = 14_336
+  c.model.rope_base = 500_000.0
+  c.model.compute_dtype = "bfloat16"
+  c.model.attention = "auto"  # cuDNN flash attention on GPUs, XLA on the laptop that inspects it.
+  c.model.scan_layers = True
+  c.model.remat = "full"
+  c.model.loss_chunk = 256
+  c.model.z_loss = 1e-4
+  c.optimizer.learning_rate = 3e-4
+  c.optimizer.warmup_steps = 2_000
+  c.checkpoint.every = 500
+  c.checkpoint.keep_every = 10_000
+  c.checkpoint.on_nonfinite = "rollback"
+  c.watchdog.restore_timeout_s = 1_800.0
+  c.watchdog.compile_timeout_s = 1_800.0
+  c.watchdog.step_timeout_s = 900.0
+  return configuration.apply_args(c, arg)
