@@ -3,8 +3,8 @@
   .venv/bin/python benchmarks/compile_time.py [--config=configs/smoke_cpu.py] [--layers=2,8,32]
 
 Each point traces, lowers and compiles the real train step ahead of time (as --mode=inspect does:
-nothing is allocated) on 8 logical CPU devices, with the persistent cache off, after one warm-up compile, and prints
-seconds per depth and the ratio to the shallowest. Scanned layers compile one block whatever the
+nothing is allocated) on 8 logical CPU devices, with the persistent cache off, after one warm-up
+compile, and prints seconds per depth and the ratio to the shallowest. Scanned layers compile one block whatever the
 depth; unrolled ones compile num_layers copies.
 """
 
@@ -58,9 +58,8 @@ def main() -> None:
     rows[n] = times
     print(f"{n:>6} {times[0]:>10.2f} {times[1]:>11.2f}")
   lo, hi = depths[0], depths[-1]
-  print(
-    f"{hi} vs {lo} layers: scanned {rows[hi][0] / rows[lo][0]:.2f}x, unrolled {rows[hi][1] / rows[lo][1]:.2f}x"
-  )
+  scanned, unrolled = (rows[hi][i] / rows[lo][i] for i in (0, 1))
+  print(f"{hi} vs {lo} layers: scanned {scanned:.2f}x, unrolled {unrolled:.2f}x")
 
 
 if __name__ == "__main__":
