@@ -4,8 +4,8 @@
 
 Each point traces, lowers and compiles the real train step ahead of time (as --mode=inspect does:
 nothing is allocated) on 8 logical CPU devices, with the persistent cache off, after one warm-up
-compile, and prints seconds per depth and the ratio to the shallowest. Scanned layers compile one block whatever the
-depth; unrolled ones compile num_layers copies.
+compile, and prints seconds per depth and the ratio to the shallowest. Scanned layers compile one
+block whatever the depth; unrolled ones compile num_layers copies.
 """
 
 import argparse
