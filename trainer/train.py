@@ -150,33 +150,36 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
   step = start
   try:
     while step < last_step:
-      # The run's first step waits in its collectives for peers still compiling: compile's budget.
-      first = config.watchdog.compile_timeout_s if step == start else None
-      watchdog.beat("data", step + 1, first)
-      t0 = time.time()
-      t, local, batch = next(batches)
-      watchdog.beat("step", step + 1, first)
-      assert t == step + batch_offset, (t, step, batch_offset)  # The data position is the step.
-      # A globally empty batch never reaches the devices. Rows are known globally from the plan; weights
-      # are known here only for this process's rows (with several processes, a count of 0 shows as a
-      # non-finite step below).
-      if comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
-        raise empty_batch_error(t)
-      t1 = time.time()
-      state, metrics = train_step(state, batch)
-      step += 1
-      window.add_step(
-        step,
-        batches.last_starved_s,
-        fetch_s=t1 - t0,
-        dispatch_s=time.time() - t1,
-        metrics=metrics,
-        valid_examples=comp.plan.valid_rows(t),
-      )
-      ckpt.poll()  # A background save's error surfaces here, at the next step.
+      # Every step's own work never waits for the devices: a device-to-host copy here (a hidden sync)
+      # is an error. Only logging, saving and evaluating below fetch values, on their steps.
+      with jax.transfer_guard_device_to_host("disallow_explicit"):
+        # The run's first step waits in its collectives for peers still compiling: compile's budget.
+        first = config.watchdog.compile_timeout_s if step == start else None
+        watchdog.beat("data", step + 1, first)
+        t0 = time.time()
+        t, local, batch = next(batches)
+        watchdog.beat("step", step + 1, first)
+        assert t == step + batch_offset, (t, step, batch_offset)  # The data position is the step.
+        # A globally empty batch never reaches the devices. Rows are known globally from the plan;
+        # weights are known here only for this process's rows (with several processes, a count of 0
+        # shows as a non-finite step below).
+        if comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
+          raise empty_batch_error(t)
+        t1 = time.time()
+        state, metrics = train_step(state, batch)
+        step += 1
+        window.add_step(
+          step,
+          batches.last_starved_s,
+          fetch_s=t1 - t0,
+          dispatch_s=time.time() - t1,
+          metrics=metrics,
+          valid_examples=comp.plan.valid_rows(t),
+        )
+        ckpt.poll()  # A background save's error surfaces here, at the next step.
 
-      # Same decisions on every process: the step count and the agreed preemption step.
-      stop = preemption.should_stop(step)
+        # Same decisions on every process: the step count and the agreed preemption step.
+        stop = preemption.should_stop(step)
       log_now = step % config.log_every == 0 or step == last_step or stop
       save_now = step % config.checkpoint.every == 0 or step == last_step or stop
       if (log_now or save_now) and (found := window.first_nonfinite_step()) is not None:
