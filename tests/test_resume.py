@@ -5,7 +5,6 @@ import logging
 import re
 
 import jax
-import pytest
 
 from tests.conftest import tiny_config, train_losses
 from trainer import metrics
