@@ -17,7 +17,7 @@ from tests.conftest import REPO, TINY_FLAGS, read_jsonl
 
 pytestmark = pytest.mark.slow
 
-STEPS = 40
+STEPS = 24
 FLAGS = [
   *TINY_FLAGS,
   f"--config.steps={STEPS}",
@@ -64,8 +64,16 @@ def _wait_until(predicate, proc, timeout=120):
   raise AssertionError("timed out")
 
 
-def _partial_saves(workdir) -> set[str]:
-  return set(glob.glob(os.path.join(workdir, "checkpoints", "*.orbax-checkpoint-tmp*")))
+def _partial_saves(workdir) -> set[tuple[str, int]]:
+  """Partial step directories, with their inodes: a rerun that saves the same step again makes a new
+  directory of the same name after removing the killed leg's."""
+  found = set()
+  for path in glob.glob(os.path.join(workdir, "checkpoints", "*.orbax-checkpoint-tmp*")):
+    try:
+      found.add((path, os.stat(path).st_ino))
+    except FileNotFoundError:  # Removed (start-up clean-up, or renamed when complete) in between.
+      pass
+  return found
 
 
 def _saving(workdir, not_these=frozenset()):
@@ -114,12 +122,11 @@ def _assert_exact_continuation(workdir, straight):
   assert evals == straight[1] and summary == straight[2]
 
 
-def test_sigkill_at_four_moments_the_final_save_included_resumes_exactly(tmp_path, straight):
+def test_sigkill_mid_step_mid_save_and_in_the_final_save_resumes_exactly(tmp_path, straight):
   workdir = str(tmp_path)
-  rng = np.random.default_rng(0)
-  moments = sorted(int(s) for s in rng.choice(np.arange(10, 34), size=2, replace=False))
+  moment = int(np.random.default_rng(0).integers(9, 18))  # A seeded step, after two checkpoints.
   resumed_from = []
-  for i, moment in enumerate(moments[:1] + ["mid-save"] + moments[1:]):
+  for i, moment in enumerate([moment, "mid-save"]):
     stale = frozenset(_partial_saves(workdir))  # What an earlier kill left; cleaned at start-up.
     proc = _start(workdir, pauses="save=60" if moment == "mid-save" else None)
     try:
@@ -133,9 +140,8 @@ def test_sigkill_at_four_moments_the_final_save_included_resumes_exactly(tmp_pat
     assert proc.returncode == -signal.SIGKILL, out
     if i:
       resumed_from.append("resumed from checkpoint" in out)
-  # The first kill lands at step 25 (the seeded moments are 25 and 29), after several checkpoints: every
-  # later leg resumes from one, none starts over.
-  assert len(resumed_from) == 2 and all(resumed_from), resumed_from
+  # The first kill lands after several checkpoints: the next leg resumes from one, it does not start over.
+  assert resumed_from == [True]
   # The last leg is killed in the final save: the rerun trains the last steps again.
   stale = frozenset(_partial_saves(workdir))
   proc = _start(workdir, pauses=f"save=60@{STEPS}")
