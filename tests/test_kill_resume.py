@@ -124,9 +124,9 @@ def _assert_exact_continuation(workdir, straight):
 
 def test_sigkill_mid_step_mid_save_and_in_the_final_save_resumes_exactly(tmp_path, straight):
   workdir = str(tmp_path)
-  moment = int(np.random.default_rng(0).integers(9, 18))  # A seeded step, after two checkpoints.
+  kill_at = int(np.random.default_rng(0).integers(9, 18))  # A seeded step, after two checkpoints.
   resumed_from = []
-  for i, moment in enumerate([moment, "mid-save"]):
+  for i, moment in enumerate([kill_at, "mid-save"]):
     stale = frozenset(_partial_saves(workdir))  # What an earlier kill left; cleaned at start-up.
     proc = _start(workdir, pauses="save=60" if moment == "mid-save" else None)
     try:
