@@ -80,12 +80,14 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
     grads = jax.tree.map(lambda g: g / count, grad_sums)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    grad_norm = optax.tree.norm(grads)
     metrics = {
       "loss": loss_sum / count,
       "count": count,
-      "grad_norm": optax.tree.norm(grads),
-      # A count of 0 divides 0 by 0: the parameters would turn NaN while the sums stay finite.
-      "finite": jnp.isfinite(loss_sum) & jnp.isfinite(optax.tree.norm(grad_sums)) & (count > 0),
+      "grad_norm": grad_norm,
+      # The divided gradients' norm is finite only if every summed gradient is and the count is not 0
+      # (0 divides 0 by 0: the parameters would turn NaN while the sums stay finite).
+      "finite": jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm) & (count > 0),
       "learning_rate": comp.schedule(state.step),
       **{k: v / count for k, v in metric_sums.items()},
     }
