@@ -12,12 +12,17 @@ import math
 import queue
 import threading
 import time
+from typing import TYPE_CHECKING
 
-import grain
 import jax
 import numpy as np
 
 from errors import UserError
+
+# Grain (and the Orbax it imports) is imported only where records are read: --mode=inspect compiles
+# from an experiment's example_batch without either.
+if TYPE_CHECKING:
+  import grain
 
 PAD = -1  # Record id of a padding row.
 _ORDER_STREAM = 0x6F72646572  # 'order'
@@ -41,10 +46,12 @@ class BatchPlan:
   def batches_per_epoch(self) -> int:
     return math.ceil(self.num_records / self.global_batch_size)
 
-  def _order(self, epoch: int) -> grain.MapDataset:
+  def _order(self, epoch: int) -> "grain.MapDataset":
     """The record order of one epoch, shuffled with a seed hashed from (seed, epoch) on a stream of its
     own: epoch e of seed s never repeats another (seed, epoch)'s order, and the order shares no random
     stream with whatever the seed also builds (a synthetic task, the init)."""
+    import grain
+
     ds = grain.MapDataset.range(self.num_records)
     return ds.shuffle(seed=epoch_seed(self.seed, epoch)) if self.shuffle else ds
 
@@ -159,6 +166,8 @@ def local_batch_iterator(
 ):
   """Yields (t, local batch) for t in [start, stop) in order, prepared ahead by Grain's reader
   threads or worker processes. Order and content never depend on threads or workers."""
+  import grain
+
   ds = grain.MapDataset.range(start, stop).map(_Numbered(local_batches))
   if threads == 0 and workers == 0:
     return iter(ds)

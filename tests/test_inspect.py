@@ -87,3 +87,15 @@ def test_inspect_compiles_from_the_experiments_example_batch_without_opening_the
   )
   comp, spec = components.build_for_compile(packed)
   assert comp.sources is None and set(spec) == {"inputs", "targets", "weights", "segment_ids", "positions"}
+
+
+def test_inspect_imports_neither_grain_nor_orbax():
+  """Start-up pays only for what the mode uses: inspect reads no records and writes no checkpoint."""
+  import subprocess
+  import sys
+
+  from tests.conftest import REPO
+
+  code = "import sys, trainer.inspection; print(sorted({'grain', 'orbax.checkpoint'} & set(sys.modules)))"
+  r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
