@@ -10,9 +10,10 @@ mesh.dcn_fsdp=8 spans the hosts (outermost, so within-host collectives stay on N
 Model: d_model 2048, 16 scanned layers, 32 query / 8 key-value heads of 64, SwiGLU 8192, RoPE base
 500k, vocabulary 128,256, tied embeddings, bf16 compute with fp32 params; the loss takes the logits
 512 positions at a time (model.loss_chunk), never [batch, 2048, 128256] float32 at once.
-Expect: per device on 64 devices (ahead-of-time compile on 64 logical CPUs, XLA attention, so an
-upper bound): params 77.2 MB + optimizer 154.5 MB (total/64 exactly), compiled step 22.0 GB (arguments
-0.23 GB, temporaries 21.8 GB). Tokens/s and MFU on GPUs: not measured yet. Inspect:
+Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
+XLA's attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
+gathers prefetch): params 77.2 MB + optimizer 154.5 MB (total/64 exactly), compiled step 22.0 GB
+(arguments 0.23 GB, temporaries 21.8 GB). Tokens/s and MFU on GPUs: not measured yet. Inspect:
   python main.py --config=configs/lm_1b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
 (`--config=configs/lm_1b.py:tiny`); short arguments combine, e.g. `:tiny,fsdp=4`.

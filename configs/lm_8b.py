@@ -10,8 +10,9 @@ mesh.dcn_fsdp=8 spans the hosts (outermost, so within-host collectives stay on N
 Model: d_model 4096, 32 scanned layers, 32 query / 8 key-value heads of 128, SwiGLU 14336, RoPE base
 500k, vocabulary 128,256, untied, bf16 compute with fp32 params, full remat (each layer's input kept,
 the rest recomputed), the loss taking the logits 256 positions at a time.
-Expect: per device on 64 devices (ahead-of-time compile on 64 logical CPUs, XLA attention, so an
-upper bound): params 0.50 GB + optimizer 1.00 GB, compiled step 48.2 GB (arguments 1.5 GB,
+Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
+XLA's attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
+gathers prefetch): params 0.50 GB + optimizer 1.00 GB, compiled step 48.2 GB (arguments 1.5 GB,
 temporaries 46.7 GB), under an H100's 80 GB. Nothing measured on GPUs yet. Inspect (about 10 s on
 2 cores; no parameter is allocated):
   python main.py --config=configs/lm_8b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64

@@ -147,11 +147,12 @@ def build_model(config, rngs: nnx.Rngs) -> Decoder:
 
 
 def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None):
-  """Sum of next-token cross-entropy (plus z-loss) over valid tokens, the valid-token count, and
-  metric sums. Deterministic: `rng` is unused. The model carries model.z_loss and model.loss_chunk."""
+  """Sum of next-token cross-entropy over valid tokens (in training plus z-loss: evaluation, whose
+  `rng` is None, reports the cross-entropy the loss floor is comparable with), the valid-token count,
+  and metric sums. Deterministic otherwise. The model carries model.z_loss and model.loss_chunk."""
   h = model.hidden(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))  # [B, L, D]
   w = batch["weights"]  # [B, L]; 0 for padding rows and padding tokens.
-  z_loss = model.z_loss
+  z_loss = model.z_loss if rng is not None else 0.0
   sums = losses.token_sums(model.logits, h, batch["targets"], w, chunk=model.loss_chunk, z_loss=z_loss)
   metrics = {"accuracy": sums["correct"]}
   if z_loss:

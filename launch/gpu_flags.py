@@ -1,8 +1,9 @@
 """XLA flags for throughput on NVIDIA GPUs, set by the launchers (launch/slurm/train.sbatch, the
 rendered Kubernetes objects) before yours: flags of yours in XLA_FLAGS come later and win.
 
-`python -m launch.gpu_flags` prints them as one XLA_FLAGS string. tests/test_gpu_flags.py checks that
-this jaxlib knows every name (XLA aborts at start-up on an unknown flag).
+`python launch/gpu_flags.py` prints them as one XLA_FLAGS string (it imports nothing of the
+repository). tests/test_gpu_flags.py checks that this jaxlib knows every name (XLA aborts at start-up
+on an unknown flag).
 """
 
 # (flag, why). Values follow JAX's GPU performance guide and NVIDIA's JAX-Toolbox notes for LLMs.

@@ -97,7 +97,7 @@ class Attention(nnx.Module):
         k,
         v,
         mask=None if mask is None else mask[:, None],
-        is_causal=causal and mask is None,
+        is_causal=causal,  # With a mask too: cuDNN then skips the blocks above the diagonal.
         implementation=_implementation(self.impl, dt),
       )
       return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))

@@ -68,3 +68,61 @@ def test_steps_that_do_not_log_copy_nothing_to_the_host(tmp_path, monkeypatch):
   monkeypatch.setattr(metrics.Window, "add_step", syncing)
   train(tiny_config(steps=2), str(tmp_path / "syncing"))
   assert len(seen) == 2
+
+
+def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
+  import pytest
+
+  from errors import UserError
+
+  train(tiny_config(steps=4), str(tmp_path), stop_after=2)
+  changed = tiny_config(steps=4, **{"data.num_examples": 5000})
+  with pytest.raises(UserError, match="data changed since checkpoint 2.*allow_changed_data"):
+    train(changed, str(tmp_path))
+  changed.data.allow_changed_data = True
+  assert train(changed, str(tmp_path))["final_step"] == 4
+
+
+def test_a_metrics_line_torn_by_a_kill_is_dropped_on_resume(tmp_path):
+  import os
+
+  config = tiny_config(steps=4)
+  train(config, str(tmp_path), stop_after=2)
+  with open(os.path.join(tmp_path, "metrics.jsonl"), "a") as f:
+    f.write('{"step": 3, "loss": 1.2')  # A kill in the middle of writing step 3's row.
+  train(config, str(tmp_path))
+  assert sorted(train_losses(str(tmp_path))) == [1, 2, 3, 4]
+
+
+def test_resuming_with_another_seed_or_batch_is_refused_unless_allowed_and_steps_warns(tmp_path, capsys):
+  import pytest
+
+  from errors import UserError
+
+  train(tiny_config(steps=4), str(tmp_path), stop_after=2)
+  for key, value in (("seed", 7), ("global_batch_size", 32)):
+    with pytest.raises(UserError, match=rf"{key} changed .* since checkpoint 2: .*allow_changed_keys={key}"):
+      train(tiny_config(steps=4, **{key: value}), str(tmp_path))
+  capsys.readouterr()
+  # The synthetic source is drawn from the seed: its data changed too, and is allowed separately.
+  allowed = tiny_config(
+    steps=6, seed=7, **{"checkpoint.allow_changed_keys": "seed", "data.allow_changed_data": True}
+  )
+  assert train(allowed, str(tmp_path))["final_step"] == 6
+  out = capsys.readouterr().out
+  assert "warning: seed changed 0 -> 7 since checkpoint 2 (accepted)" in out
+  assert "warning: steps changed 4 -> 6 since checkpoint 2: the learning-rate schedule" in out
+
+
+def test_the_resume_policy_judges_every_kind_of_key():
+  import pytest
+
+  from errors import UserError
+  from trainer import resume_policy
+
+  saved = {"seed": 0, "steps": 4, "mesh": {"data": 2}, "data": {"path": "a"}, "optimizer": {"b1": 0.9}}
+  now = {"seed": 0, "steps": 4, "mesh": {"data": 4}, "data": {"path": "b"}, "optimizer": {"b1": 0.8}}
+  (warning,) = resume_policy.check(saved, now, 2, "")  # mesh: free; data: the fingerprint decides.
+  assert warning.startswith("warning: optimizer.b1 changed 0.9 -> 0.8 since checkpoint 2")
+  with pytest.raises(UserError, match="experiment changed 'lm' -> 'vit'"):
+    resume_policy.check({"experiment": "lm"}, {"experiment": "vit"}, 2, "seed")

@@ -173,7 +173,7 @@ def test_time_limit_warning_saves_requeues_and_resumes(slurm, tmp_path):
 
 STUB_PYTHON = """#!/bin/bash
 # Stands in for the venv's python: runs the script's own snippets (-c), prints what main.py would get.
-if [[ "$1" == "-c" || "$1" == "-m" ]]; then exec {python} "$@"; fi
+if [[ "$1" == "-c" || "$1" == launch/* ]]; then exec {python} "$@"; fi
 echo "argv $*"
 env | grep -E '^(JAX_|XLA_|NCCL_|CUDA_VISIBLE_DEVICES=)' | sed 's/^/env /'
 """

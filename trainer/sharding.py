@@ -110,13 +110,15 @@ def fsdp_spec(shape, param_spec: P, mesh: Mesh, min_size: int, logical=()) -> P:
   unsplit over fsdp gets fsdp added to its largest dimension that can take it (a dimension already
   split over `tensor` is split over both: a lookup table then stays split along one dimension only,
   which the lookup handles without gathering the table; none divisible: left as it is). A dimension
-  whose `logical` name is `layers` (stacked scanned layers) is never chosen."""
+  whose `logical` name is `layers` (stacked scanned layers) is never chosen nor counted in the size."""
   ways = mesh.shape["fsdp"]
   spec = list(param_spec) + [None] * (len(shape) - len(param_spec))
-  if ways == 1 or "fsdp" in jax.tree.leaves(tuple(spec)) or math.prod(shape) < min_size:
+  names = tuple(logical) + (None,) * len(shape)
+  # A stacked parameter is as large as one layer's slice: the scan reads one at a time.
+  size = math.prod(d for d, name in zip(shape, names, strict=False) if name != "layers")
+  if ways == 1 or "fsdp" in jax.tree.leaves(tuple(spec)) or size < min_size:
     return P(*spec)
   axes = [mesh_axes(a) for a in spec]
-  names = tuple(logical) + (None,) * len(shape)
   fits = [
     i
     for i, d in enumerate(shape)
