@@ -20,45 +20,22 @@ Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8
 (`--config=configs/lm_8b.py:tiny`); short arguments combine, e.g. `:tiny,fsdp=4`.
 """
 
-from configs import base
+from configs import lm_1b
 from trainer import configuration
 
 
 def get_config(arg=None):
-  c = base.get_config("lm")
+  c = lm_1b.get_config()  # The same cluster settings (mesh, data, attention, scanning); bigger shapes.
   c.steps = 100_000
-  c.global_batch_size = 256  # 1M tokens per step; 4 sequences per GPU on 64.
   c.log_every = 20
-  c.eval_every = 2_000
-  c.eval_steps = 20
-  c.mesh.data = 1
-  c.mesh.fsdp = -1  # Every device of a host; set mesh.dcn_fsdp to the number of hosts.
-  c.mesh.tensor = 1
-  c.sharding.strategy = "fsdp"
-  c.data.source = "arrayrecord"
-  c.data.path = ""  # Set with --config.data.path=... to the data.prepare output.
-  c.data.seq_len = 4096
-  c.data.packing = True
-  c.data.read_threads = 8
-  c.data.prefetch = 4
-  c.model.vocab_size = 128_256
+  c.data.seq_len = 4096  # 256 sequences: 1M tokens per step; 4 sequences per GPU on 64.
   c.model.embed_dim = 4096
   c.model.num_layers = 32
-  c.model.num_heads = 32
-  c.model.num_kv_heads = 8
   c.model.mlp_dim = 14_336
-  c.model.rope_base = 500_000.0
-  c.model.compute_dtype = "bfloat16"
-  c.model.attention = "auto"  # cuDNN flash attention on GPUs, XLA on the laptop that inspects it.
-  c.model.scan_layers = True
   c.model.remat = "full"
+  c.model.tie_embeddings = False
   c.model.loss_chunk = 256
-  c.model.z_loss = 1e-4
-  c.optimizer.learning_rate = 3e-4
-  c.optimizer.warmup_steps = 2_000
   c.checkpoint.every = 500
-  c.checkpoint.keep_every = 10_000
-  c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.restore_timeout_s = 1_800.0
   c.watchdog.compile_timeout_s = 1_800.0
   c.watchdog.step_timeout_s = 900.0
