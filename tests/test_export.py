@@ -1,0 +1,49 @@
+"""A checkpoint saved on 8 devices opens on one with one call, and exports to safetensors exactly."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from errors import UserError
+from tests.conftest import tiny_config
+from trainer import components
+from trainer import state as state_lib
+from trainer.checkpointing import Checkpoints
+from trainer.export import load, main, named_tensors
+from trainer.train import train
+
+
+def test_load_and_export_give_the_checkpoints_params_exactly(tmp_path, capsys):
+  workdir = str(tmp_path / "run")
+  cfg = tiny_config(steps=2, **{"model.scan_layers": True, "model.num_layers": 2})  # On (2, 2, 2).
+  train(cfg, workdir)
+  run = load(workdir, with_optimizer=True)
+  assert run.step == 2 and run.config.to_json() == cfg.to_json()
+  # The trainer's own restore onto its 8-device mesh holds the same values.
+  comp = components.build(cfg)
+  target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
+  sharded = Checkpoints(workdir, keep=3, keep_every=0).restore_latest(target, set_aside=False).state
+  for mine, theirs in zip(jax.tree.leaves(run.params), jax.tree.leaves(sharded.params), strict=True):
+    assert isinstance(mine, np.ndarray)
+    np.testing.assert_array_equal(mine, np.asarray(theirs))
+  assert len(jax.tree.leaves(run.opt_state)) == len(jax.tree.leaves(sharded.opt_state))
+
+  out = tmp_path / "w.safetensors"
+  main([f"--workdir={workdir}", f"--out={out}"])
+  assert "checkpoint 2" in capsys.readouterr().out
+  tensors = load_file(str(out))
+  expected = named_tensors(run.params)
+  assert sorted(tensors) == sorted(expected) and "layers/attn/wq" in tensors
+  for name, value in expected.items():
+    np.testing.assert_array_equal(tensors[name], value)
+  with open(out, "rb") as f:  # The header: 8 bytes of length, then JSON with the metadata.
+    header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+  assert json.loads(header["__metadata__"]["config"]) == json.loads(cfg.to_json())
+
+  with pytest.raises(UserError, match="no checkpoint 1; it has \\[2\\]"):
+    load(workdir, step=1)
+  with pytest.raises(UserError, match="has no checkpoints"):
+    load(str(tmp_path / "never_trained"))
