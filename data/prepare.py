@@ -1,7 +1,8 @@
 """Text -> tokens -> ArrayRecord shards that `data.source='arrayrecord'` trains on.
 
   python -m data.prepare --input='corpus/*.txt,extra.jsonl' --seq_len=N [--output=DIR]
-      [--tokenizer=byte|PATH.model] [--records_per_shard=K] [--eval_fraction=F] [--overwrite]
+      [--tokenizer=byte|PATH/tokenizer.json|PATH.model | --train_tokenizer=bpe:VOCAB]
+      [--records_per_shard=K] [--eval_fraction=F] [--overwrite]
 
 Output: DIR, or by default `datasets/NAME` at the repository root (git ignores `datasets/`), NAME from
 the first input: the directory a glob reads (`corpus/*.txt` -> `datasets/corpus`) or a file's name
@@ -13,8 +14,12 @@ A `.jsonl` file holds one document per line in its `text` field; any other file 
 Empty documents are skipped; a file with no text at all is an error.
 
 Tokens: the byte tokenizer (default) reserves id 0 for padding and id 1 for end-of-document, and maps
-byte b to id b + 2 (vocab_size 258), so any bytes round-trip exactly. A path ending in `.model` is a
-SentencePiece model: its own eos id ends documents; its pad id pads (eos when it has none).
+byte b to id b + 2 (vocab_size 258), so any bytes round-trip exactly. A path ending in `.json` is a
+Hugging Face `tokenizers` file, which must name a padding and an end-of-document token (data/tokenizers.py
+lists the names it looks for); `--train_tokenizer=bpe:VOCAB` trains a byte-level BPE of VOCAB ids on the
+inputs instead (id 0 pads, id 1 ends a document). Either way the output holds the tokenizer as
+`tokenizer.json`, which metadata.json names, so training and any later decoding use the same one. A
+path ending in `.model` is a SentencePiece model (install sentencepiece): its own eos and pad ids.
 
 Records: every document is followed by eos, the documents are concatenated, and the stream is cut into
 records of exactly seq_len + 1 tokens with stride seq_len + 1 (records never overlap). Only the very
@@ -39,7 +44,17 @@ import tempfile
 
 import numpy as np
 
-from data.tokenizers import BYTE_VOCAB_SIZE, EOS_ID, PAD_ID, decode, decode_documents, make_tokenizer
+from data.tokenizers import (
+  BYTE_VOCAB_SIZE,
+  EOS_ID,
+  PAD_ID,
+  TOKENIZER_FILE,
+  HFTokenizer,
+  decode,
+  decode_documents,
+  make_tokenizer,
+  train_bpe,
+)
 from errors import UserError
 
 __all__ = ["BYTE_VOCAB_SIZE", "EOS_ID", "PAD_ID", "decode", "decode_documents", "prepare"]  # Re-exported.
@@ -196,6 +211,7 @@ def prepare(
   records_per_shard: int = 16_384,
   eval_fraction: float = 0.01,
   overwrite: bool = False,
+  train_tokenizer: str = "",
 ) -> dict:
   """Tokenizes the input files into ArrayRecord shards under `output`; returns the metadata written.
 
@@ -212,13 +228,25 @@ def prepare(
   _check_not_in_code(given, output)
   _check_output(output, overwrite)
   files = resolve_inputs(inputs)
-  tok = make_tokenizer(tokenizer)
+  if train_tokenizer and tokenizer != "byte":
+    raise UserError("give --tokenizer=FILE or --train_tokenizer=bpe:VOCAB, not both")
+  bpe_vocab = _bpe_vocab(train_tokenizer) if train_tokenizer else None
+  tok = None if train_tokenizer else make_tokenizer(tokenizer)
 
   parent = os.path.dirname(output)
   os.makedirs(parent, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.partial-", dir=parent)
   os.chmod(staging, 0o755)  # mkdtemp makes it private; the renamed output is read by other jobs' users.
   try:
+    if bpe_vocab:  # Trained on the inputs, then used as if given.
+      train_bpe(
+        (doc for name in files for doc in read_documents(name)),
+        bpe_vocab,
+        os.path.join(staging, TOKENIZER_FILE),
+      )
+      tok = HFTokenizer(os.path.join(staging, TOKENIZER_FILE))
+    elif tok.name == HFTokenizer.name:
+      shutil.copyfile(tok.model, os.path.join(staging, TOKENIZER_FILE))
     raw = os.path.join(staging, "tokens.tmp")  # The stream on disk: corpora larger than memory work.
     num_docs, num_tokens = _tokenize_to_file(files, tok, raw)
     record_len = seq_len + 1
@@ -235,7 +263,8 @@ def prepare(
       "record_format": "seq_len + 1 little-endian int32 tokens per record",
       "vocab_size": tok.vocab_size,
       "tokenizer": tok.name,
-      "tokenizer_model": tok.model,
+      # The data set's own copy (relative: the directory may move), or a SentencePiece model's path.
+      "tokenizer_model": TOKENIZER_FILE if tok.name == HFTokenizer.name else tok.model,
       "pad_id": tok.pad_id,
       "eos_id": tok.eos_id,
       "inputs": [os.path.abspath(f) for f in files],
@@ -258,6 +287,13 @@ def prepare(
   return metadata
 
 
+def _bpe_vocab(spec: str) -> int:
+  kind, _, size = spec.partition(":")
+  if kind != "bpe" or not size.isdigit():
+    raise UserError(f"--train_tokenizer={spec!r}: use bpe:VOCAB, e.g. bpe:32768")
+  return int(size)
+
+
 def _valid_in_last(sizes: dict[str, int], record_len: int, last_valid: int) -> dict[str, int]:
   """Real (non-padding) tokens in each split's last record: only the stream's last record is short."""
   last_split = "eval" if sizes["eval"] else "train"
@@ -273,7 +309,10 @@ def _define_flags():
     "output", None, "Directory to write the shards and metadata.json to (default: datasets/NAME)."
   )
   flags.DEFINE_integer("seq_len", None, "Tokens the model sees per example; records hold seq_len + 1.")
-  flags.DEFINE_string("tokenizer", "byte", "'byte' or a SentencePiece .model file.")
+  flags.DEFINE_string(
+    "tokenizer", "byte", "'byte', a Hugging Face tokenizer.json, or a SentencePiece .model."
+  )
+  flags.DEFINE_string("train_tokenizer", "", "bpe:VOCAB: train a byte-level BPE on the inputs and use it.")
   flags.DEFINE_integer("records_per_shard", 16_384, "Records per ArrayRecord shard.")
   flags.DEFINE_float("eval_fraction", 0.01, "Fraction of records (the last ones) held out as 'eval'.")
   flags.DEFINE_bool("overwrite", False, "Replace an existing output of this tool.")
@@ -314,6 +353,7 @@ def main(argv):
       records_per_shard=f.records_per_shard,
       eval_fraction=f.eval_fraction,
       overwrite=f.overwrite,
+      train_tokenizer=f.train_tokenizer,
     )
   except UserError as e:
     _fail(e)

@@ -1,5 +1,6 @@
-"""Tokenizers for data/prepare.py: bytes (the default, nothing to install) and SentencePiece models;
-and decoding of byte-tokenized records, for reading a prepared data set back."""
+"""Tokenizers for data/prepare.py: bytes (the default), Hugging Face `tokenizers` files (loaded, or a
+byte-level BPE trained on the corpus) and SentencePiece models (optional: install sentencepiece);
+`for_dataset` gives a prepared data set's own tokenizer back, to decode what a model writes."""
 
 import os
 
@@ -11,11 +12,87 @@ PAD_ID, EOS_ID, BYTE_OFFSET = 0, 1, 2  # Byte tokenizer ids; byte b is id b + BY
 BYTE_VOCAB_SIZE = 256 + BYTE_OFFSET
 
 
+TOKENIZER_FILE = "tokenizer.json"  # A data set's Hugging Face tokenizer, beside its metadata.json.
+# Special tokens a `tokenizers` file may pad and end documents with; a trained one uses the first.
+PAD_TOKENS = ("<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>")
+EOS_TOKENS = ("<eos>", "</s>", "<|endoftext|>", "<|end_of_text|>", "[SEP]")
+
+
 class ByteTokenizer:
   name, model, vocab_size, pad_id, eos_id = "byte", None, BYTE_VOCAB_SIZE, PAD_ID, EOS_ID
 
   def encode(self, document: bytes, source: str) -> np.ndarray:
     return np.frombuffer(document, np.uint8).astype(np.int32) + BYTE_OFFSET
+
+  def decode(self, ids) -> str:
+    return decode(ids).decode("utf-8", errors="replace")
+
+
+def _text(document: bytes, source: str) -> str:
+  try:
+    return document.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise UserError(f"{source} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+class HFTokenizer:
+  """A Hugging Face `tokenizers` file (tokenizer.json) with explicit pad and end-of-document tokens."""
+
+  name = "tokenizers"
+
+  def __init__(self, path: str):
+    from tokenizers import Tokenizer
+
+    if not os.path.isfile(path):
+      raise UserError(f"--tokenizer={path}: no such tokenizer.json file")
+    try:
+      self._tok = Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - the library's own parse error, as one line.
+      raise UserError(f"--tokenizer={path} is not a Hugging Face tokenizer file: {e}") from None
+    self.model = os.path.abspath(path)
+    self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+    found = lambda names: next((i for t in names if (i := self._tok.token_to_id(t)) is not None), None)
+    self.pad_id, self.eos_id = found(PAD_TOKENS), found(EOS_TOKENS)
+    if self.eos_id is None:
+      raise UserError(f"--tokenizer={path} has no end-of-document token: add one of {', '.join(EOS_TOKENS)}")
+    if self.pad_id is None or self.pad_id == self.eos_id:
+      # The trainer masks targets equal to pad_id: a pad shared with eos would hide every document end.
+      raise UserError(f"--tokenizer={path} has no padding token apart from eos: add one of {PAD_TOKENS[0]!r}")
+
+  def encode(self, document: bytes, source: str) -> np.ndarray:
+    return np.asarray(self._tok.encode(_text(document, source), add_special_tokens=False).ids, np.int32)
+
+  def decode(self, ids) -> str:
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def train_bpe(documents, vocab_size: int, path: str) -> None:
+  """Trains a byte-level BPE of `vocab_size` ids on the (bytes, source) documents and saves it at
+  `path`: id 0 pads, id 1 ends a document, every byte is in the alphabet (nothing is unknown)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+  if vocab_size < 258:
+    raise UserError(f"--train_tokenizer=bpe:{vocab_size}: needs at least 258 ids (256 bytes, pad, eos)")
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size,
+    special_tokens=[PAD_TOKENS[0], EOS_TOKENS[0]],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )
+  tok.train_from_iterator((_text(d, where) for d, where in documents), trainer)
+  tok.save(path)
+
+
+def for_dataset(metadata: dict, directory: str):
+  """The tokenizer a prepared data set was made with, for decoding (SentencePiece: not here)."""
+  if metadata["tokenizer"] == "byte":
+    return ByteTokenizer()
+  if metadata["tokenizer"] == HFTokenizer.name:
+    return HFTokenizer(os.path.join(directory, TOKENIZER_FILE))
+  raise UserError(f"{directory}: decoding {metadata['tokenizer']!r} tokens is not supported here")
 
 
 class SentencePieceTokenizer:
@@ -49,19 +126,19 @@ class SentencePieceTokenizer:
     self.pad_id = pad
 
   def encode(self, document: bytes, source: str) -> np.ndarray:
-    try:
-      text = document.decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise UserError(f"{source} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    return np.asarray(self._sp.encode(text), np.int32)
+    return np.asarray(self._sp.encode(_text(document, source)), np.int32)
 
 
 def make_tokenizer(spec: str):
   if spec == "byte":
     return ByteTokenizer()
+  if spec.endswith(".json"):
+    return HFTokenizer(spec)
   if spec.endswith(".model"):
     return SentencePieceTokenizer(spec)
-  raise UserError(f"--tokenizer={spec!r} is not 'byte' or a SentencePiece '.model' file")
+  raise UserError(
+    f"--tokenizer={spec!r} is not 'byte', a Hugging Face tokenizer.json or a SentencePiece '.model' file"
+  )
 
 
 def decode(tokens) -> bytes:
