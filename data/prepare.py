@@ -2,16 +2,18 @@
 
   python -m data.prepare --input='corpus/*.txt,extra.jsonl' --seq_len=N [--output=DIR]
       [--tokenizer=byte|PATH/tokenizer.json|PATH.model | --train_tokenizer=bpe:VOCAB]
-      [--records_per_shard=K] [--eval_fraction=F] [--overwrite]
+      [--records_per_shard=K] [--eval_fraction=F] [--workers=N] [--jsonl_field=text] [--overwrite]
 
 Output: DIR, or by default `datasets/NAME` at the repository root (git ignores `datasets/`), NAME from
 the first input: the directory a glob reads (`corpus/*.txt` -> `datasets/corpus`) or a file's name
 without its extension (`more.jsonl` -> `datasets/more`). An output inside the code (data/, model/,
 trainer/, ...) is refused: git would list its shards and a fork could commit them.
 
-Inputs: a comma-separated list of files or glob patterns, read in the order given (each glob sorted).
-A `.jsonl` file holds one document per line in its `text` field; any other file is one document.
-Empty documents are skipped; a file with no text at all is an error.
+Inputs: a comma-separated list of files, directories (every file under them) or glob patterns, read in
+the order given (each sorted). A `.jsonl` file holds one document per line in its `text` field
+(`--jsonl_field`); any other file is one document. Empty documents, and for a text tokenizer documents
+that are not UTF-8, are skipped and counted (metadata.json's skipped_documents); no text at all is an
+error. `--workers=N` tokenizes in N processes with the same output; long inputs print progress.
 
 Tokens: the byte tokenizer (default) reserves id 0 for padding and id 1 for end-of-document, and maps
 byte b to id b + 2 (vocab_size 258), so any bytes round-trip exactly. A path ending in `.json` is a
@@ -44,6 +46,7 @@ import tempfile
 
 import numpy as np
 
+from data.tokenize_stream import tokenize_to_file
 from data.tokenizers import (
   BYTE_VOCAB_SIZE,
   EOS_ID,
@@ -69,15 +72,22 @@ DATASETS_DIR = os.path.join(REPO_ROOT, "datasets")  # The default outputs' paren
 CODE_DIRS = ("benchmarks", "configs", "data", "experiments", "launch", "model", "tests", "trainer")
 
 
+def _files_under(path: str) -> list[str]:
+  """A file itself; a directory's files, recursively, sorted."""
+  if not os.path.isdir(path):
+    return [path]
+  return sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names)
+
+
 def resolve_inputs(inputs: list[str]) -> list[str]:
-  """Files named by each entry (a path or a glob), in the order given, each file once."""
+  """Files named by each entry (a path, a directory or a glob), in the order given, each file once."""
   files = []
   for pattern in inputs:
     pattern = pattern.strip()
     if not pattern:
       continue
     matched = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
-    matched = [f for f in matched if os.path.isfile(f)]
+    matched = [f for m in matched for f in _files_under(m) if os.path.isfile(f)]
     if not matched:
       raise UserError(f"--input {pattern!r} matches no files")
     files += [f for f in matched if f not in files]
@@ -86,13 +96,12 @@ def resolve_inputs(inputs: list[str]) -> list[str]:
   return files
 
 
-def read_documents(path: str):
-  """Yields (document bytes, where it came from) for each non-empty document of one file."""
+def read_documents(path: str, field: str = "text"):
+  """Yields (document bytes, where it came from) for each document of one file, empty ones included
+  (the caller counts them): the whole file, or each line's `field` of a .jsonl file."""
   if not path.endswith(".jsonl"):
     with open(path, "rb") as f:
-      data = f.read()
-    if data:
-      yield data, path
+      yield f.read(), path
     return
   with open(path, "rb") as f:
     for lineno, line in enumerate(f, 1):
@@ -103,10 +112,12 @@ def read_documents(path: str):
         row = json.loads(line)
       except ValueError as e:
         raise UserError(f"{where} is not valid JSON ({e})") from None
-      if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise UserError(f"{where} has no string 'text' field; each .jsonl line must be {{\"text\": ...}}")
-      if row["text"]:
-        yield row["text"].encode("utf-8"), where
+      if not isinstance(row, dict) or not isinstance(row.get(field), str):
+        raise UserError(
+          f'{where} has no string {field!r} field; each .jsonl line must be {{"{field}": ...}} '
+          "(--jsonl_field names another)"
+        )
+      yield row[field].encode("utf-8"), where
 
 
 def default_output(inputs: list[str]) -> str:
@@ -152,23 +163,6 @@ def _check_output(output: str, overwrite: bool) -> None:
     )
 
 
-def _tokenize_to_file(files, tokenizer, path: str) -> tuple[int, int]:
-  """Appends every document's tokens and an eos to a raw int32 file; returns (documents, tokens)."""
-  num_docs = num_tokens = 0
-  eos = np.asarray([tokenizer.eos_id], "<i4").tobytes()
-  with open(path, "wb") as out:
-    for name in files:
-      docs_before = num_docs
-      for document, where in read_documents(name):
-        tokens = tokenizer.encode(document, where)
-        out.write(tokens.astype("<i4").tobytes() + eos)
-        num_docs += 1
-        num_tokens += len(tokens) + 1
-      if num_docs == docs_before:
-        raise UserError(f"{name} contains no text; remove it from --input")
-  return num_docs, num_tokens
-
-
 def split_sizes(num_records: int, eval_fraction: float) -> dict[str, int]:
   num_eval = 0
   if num_records >= 2 and eval_fraction > 0:
@@ -212,8 +206,11 @@ def prepare(
   eval_fraction: float = 0.01,
   overwrite: bool = False,
   train_tokenizer: str = "",
+  workers: int = 0,
+  jsonl_field: str = "text",
 ) -> dict:
   """Tokenizes the input files into ArrayRecord shards under `output`; returns the metadata written.
+  `workers` > 0 tokenizes in that many processes, with the same output as 0 (this process).
 
   `output` None (or empty) means `default_output(inputs)`, datasets/NAME at the repository root.
   """
@@ -240,7 +237,7 @@ def prepare(
   try:
     if bpe_vocab:  # Trained on the inputs, then used as if given.
       train_bpe(
-        (doc for name in files for doc in read_documents(name)),
+        (doc for name in files for doc in read_documents(name, jsonl_field) if doc[0]),
         bpe_vocab,
         os.path.join(staging, TOKENIZER_FILE),
       )
@@ -248,7 +245,15 @@ def prepare(
     elif tok.name == HFTokenizer.name:
       shutil.copyfile(tok.model, os.path.join(staging, TOKENIZER_FILE))
     raw = os.path.join(staging, "tokens.tmp")  # The stream on disk: corpora larger than memory work.
-    num_docs, num_tokens = _tokenize_to_file(files, tok, raw)
+    documents = (doc for name in files for doc in read_documents(name, jsonl_field))
+    total_bytes = sum(os.path.getsize(f) for f in files)
+    stats = tokenize_to_file(documents, tok.model or "byte", tok.eos_id, raw, total_bytes, workers)
+    num_docs, num_tokens = stats["documents"], stats["tokens"]
+    if not num_docs:
+      raise UserError(
+        f"the inputs contain no text ({stats['empty']} empty and {stats['not_text']} non-UTF-8 "
+        "documents skipped); check --input"
+      )
     record_len = seq_len + 1
     num_records = math.ceil(num_tokens / record_len)
     sizes = split_sizes(num_records, eval_fraction)
@@ -269,6 +274,7 @@ def prepare(
       "eos_id": tok.eos_id,
       "inputs": [os.path.abspath(f) for f in files],
       "num_documents": num_docs,
+      "skipped_documents": {"empty": stats["empty"], "not_text": stats["not_text"]},
       "num_tokens": num_tokens,
       "num_records": sizes,
       "valid_tokens_in_last_record": _valid_in_last(sizes, record_len, last_valid),
@@ -316,6 +322,8 @@ def _define_flags():
   flags.DEFINE_integer("records_per_shard", 16_384, "Records per ArrayRecord shard.")
   flags.DEFINE_float("eval_fraction", 0.01, "Fraction of records (the last ones) held out as 'eval'.")
   flags.DEFINE_bool("overwrite", False, "Replace an existing output of this tool.")
+  flags.DEFINE_integer("workers", 0, "Tokenize in N worker processes (0: this one); the output is the same.")
+  flags.DEFINE_string("jsonl_field", "text", "The field of each .jsonl line that holds its document.")
 
 
 def _fail(message: str):
@@ -354,6 +362,8 @@ def main(argv):
       eval_fraction=f.eval_fraction,
       overwrite=f.overwrite,
       train_tokenizer=f.train_tokenizer,
+      workers=f.workers,
+      jsonl_field=f.jsonl_field,
     )
   except UserError as e:
     _fail(e)
@@ -363,6 +373,7 @@ def main(argv):
   print(
     f"wrote {n['train']} train and {n['eval']} eval records of {metadata['seq_len'] + 1} tokens "
     f"({metadata['num_documents']} documents, {metadata['num_tokens']} tokens, "
+    f"{sum(metadata['skipped_documents'].values())} skipped as empty or not text, "
     f"vocab {metadata['vocab_size']}) "
     f"to {os.path.abspath(output)}"
   )

@@ -35,6 +35,14 @@ def _text(document: bytes, source: str) -> str:
     raise UserError(f"{source} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
 
+def _is_text(document: bytes) -> bool:
+  try:
+    document.decode("utf-8")
+  except UnicodeDecodeError:
+    return False
+  return True
+
+
 class HFTokenizer:
   """A Hugging Face `tokenizers` file (tokenizer.json) with explicit pad and end-of-document tokens."""
 
@@ -82,7 +90,9 @@ def train_bpe(documents, vocab_size: int, path: str) -> None:
     initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     show_progress=False,
   )
-  tok.train_from_iterator((_text(d, where) for d, where in documents), trainer)
+  # Documents that are not UTF-8 are left out here, as they are (and counted) when tokenizing.
+  texts = (d.decode("utf-8", errors="strict") for d, _ in documents if _is_text(d))
+  tok.train_from_iterator(texts, trainer)
   tok.save(path)
 
 

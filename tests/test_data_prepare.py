@@ -123,11 +123,11 @@ def test_overwrite_replaces_only_an_earlier_output(tmp_path):
   "make, kwargs, match",
   [
     (lambda d: None, {"inputs": ["{d}/nothing*.txt"]}, "matches no files"),
-    (lambda d: (d / "e.txt").write_bytes(b""), {"inputs": ["{d}/e.txt"]}, "contains no text"),
+    (lambda d: (d / "e.txt").write_bytes(b""), {"inputs": ["{d}/e.txt"]}, "contain no text"),
     (
       lambda d: (d / "e.jsonl").write_text('{"text": ""}\n\n'),
       {"inputs": ["{d}/e.jsonl"]},
-      "contains no text",
+      "contain no text",
     ),
     (lambda d: (d / "j.jsonl").write_text('{"txt": "a"}\n'), {"inputs": ["{d}/j.jsonl"]}, "'text' field"),
     (lambda d: None, {"seq_len": 0}, "--seq_len must be >= 1"),
@@ -245,3 +245,26 @@ def test_cli_refuses_an_output_inside_data(tmp_path):
     assert f"--output=datasets/{name} " in result.stderr
   finally:
     assert remove_strays(name) == []
+
+
+def test_workers_give_the_same_bytes_and_skipped_documents_are_counted(tmp_path):
+  """A directory (walked, sorted) of 600 text files, an empty one, one that is not UTF-8 and a .jsonl
+  with its own field: 1 process and 4 workers write the same shards, and the skips are counted."""
+  corpus = tmp_path / "corpus"
+  (corpus / "sub").mkdir(parents=True)
+  rng = np.random.default_rng(0)
+  for i in range(600):
+    (corpus / "sub" / f"{i:03}.txt").write_text(" ".join(rng.choice(["ab", "cd", "ef", "gh"], 20)))
+  (corpus / "empty.txt").write_bytes(b"")
+  (corpus / "garbage.bin").write_bytes(b"\xff\xfe\x00 binary")
+  (corpus / "rows.jsonl").write_text('{"body": "a row"}\n{"body": ""}\n')
+  metas = [
+    prepare.prepare(
+      [str(corpus)], str(tmp_path / f"out{w}"), 16, train_tokenizer="bpe:300", workers=w, jsonl_field="body"
+    )
+    for w in (0, 4)
+  ]
+  assert metas[0]["fingerprint"] == metas[1]["fingerprint"]
+  assert metas[0]["num_documents"] == 601 and metas[0]["skipped_documents"] == {"empty": 2, "not_text": 1}
+  for name in sorted(os.listdir(tmp_path / "out0")):
+    assert (tmp_path / "out0" / name).read_bytes() == (tmp_path / "out4" / name).read_bytes(), name
