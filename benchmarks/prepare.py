@@ -55,9 +55,8 @@ def main() -> None:
       1024,
       train_tokenizer=f"bpe:{args.vocab}",
     )
-    print(
-      f"corpus {size / 1e6:.0f} MB in {len(os.listdir(corpus))} files; BPE trained on 10 MB in {time.time() - t0:.1f} s"
-    )
+    trained_s, files = time.time() - t0, len(os.listdir(corpus))
+    print(f"corpus {size / 1e6:.0f} MB in {files} files; BPE trained on 10 MB in {trained_s:.1f} s")
     tokenizer = os.path.join(tmp, "bpe", "tokenizer.json")
     results = {}
     for workers in (0, args.workers):
@@ -71,8 +70,9 @@ def main() -> None:
         f"workers={workers}: {seconds:.1f} s, {results[workers][0]:.1f} MB/s, {meta['num_tokens']:,} tokens"
       )
   (one, f1), (many, f2) = results[0], results[args.workers]
+  cores = os.cpu_count()
   print(
-    f"speed-up {many / one:.2f}x with {args.workers} workers on {os.cpu_count()} cores; same fingerprint: {f1 == f2}"
+    f"speed-up {many / one:.2f}x with {args.workers} workers on {cores} cores; same fingerprint: {f1 == f2}"
   )
 
 
