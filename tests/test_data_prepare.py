@@ -268,3 +268,24 @@ def test_workers_give_the_same_bytes_and_skipped_documents_are_counted(tmp_path)
   assert metas[0]["num_documents"] == 601 and metas[0]["skipped_documents"] == {"empty": 2, "not_text": 1}
   for name in sorted(os.listdir(tmp_path / "out0")):
     assert (tmp_path / "out0" / name).read_bytes() == (tmp_path / "out4" / name).read_bytes(), name
+
+
+def test_a_sentencepiece_model_trained_here_tokenizes_with_its_own_pad_and_eos(tmp_path):
+  import sentencepiece
+
+  rng = np.random.default_rng(0)
+  text = "\n".join(" ".join(rng.choice(["alpha", "beta", "gamma", "delta"], 12)) for _ in range(200))
+  (tmp_path / "t.txt").write_text(text)
+  prefix = str(tmp_path / "sp")
+  sentencepiece.SentencePieceTrainer.train(
+    input=str(tmp_path / "t.txt"), model_prefix=prefix, vocab_size=16, pad_id=0, eos_id=1, unk_id=2, bos_id=-1
+  )
+  meta = prepare.prepare([str(tmp_path / "t.txt")], str(tmp_path / "out"), 16, tokenizer=prefix + ".model")
+  sp = sentencepiece.SentencePieceProcessor(model_file=prefix + ".model")
+  assert (meta["tokenizer"], meta["vocab_size"], meta["pad_id"], meta["eos_id"]) == (
+    "sentencepiece",
+    16,
+    0,
+    1,
+  )
+  assert meta["num_tokens"] == len(sp.encode(text)) + 1  # The document and its eos.
