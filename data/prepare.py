@@ -218,6 +218,8 @@ def prepare(
     raise UserError(f"--seq_len must be >= 1 (got {seq_len})")
   if records_per_shard < 1:
     raise UserError(f"--records_per_shard must be >= 1 (got {records_per_shard})")
+  if workers < 0:
+    raise UserError(f"--workers must be >= 0 (got {workers}; 0 tokenizes in this process)")
   if not 0 <= eval_fraction < 1:
     raise UserError(f"--eval_fraction must be in [0, 1) (got {eval_fraction})")
   given = output or default_output(inputs)

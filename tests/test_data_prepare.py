@@ -131,6 +131,7 @@ def test_overwrite_replaces_only_an_earlier_output(tmp_path):
     ),
     (lambda d: (d / "j.jsonl").write_text('{"txt": "a"}\n'), {"inputs": ["{d}/j.jsonl"]}, "'text' field"),
     (lambda d: None, {"seq_len": 0}, "--seq_len must be >= 1"),
+    (lambda d: None, {"workers": -1}, "--workers must be >= 0"),
     (lambda d: None, {"tokenizer": "gpt2"}, "--tokenizer"),
     (lambda d: (d / "out").mkdir() or (d / "out" / "x").write_text("x"), {}, "exists and is not empty"),
   ],
