@@ -18,17 +18,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def compile_seconds(config) -> float:
-  import jax
-
-  from trainer import components
-  from trainer import state as state_lib
-  from trainer.step import make_train_step
+  from trainer.inspection import compile_train_step
 
   t0 = time.perf_counter()
-  comp, batch = components.build_for_compile(config)
-  target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
-  with jax.set_mesh(comp.mesh):
-    make_train_step(comp, config.microbatches).lower(target, batch).compile()
+  compile_train_step(config)
   return time.perf_counter() - t0
 
 

@@ -35,14 +35,6 @@ def _text(document: bytes, source: str) -> str:
     raise UserError(f"{source} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
 
-def _is_text(document: bytes) -> bool:
-  try:
-    document.decode("utf-8")
-  except UnicodeDecodeError:
-    return False
-  return True
-
-
 class HFTokenizer:
   """A Hugging Face `tokenizers` file (tokenizer.json) with explicit pad and end-of-document tokens."""
 
@@ -90,10 +82,17 @@ def train_bpe(documents, vocab_size: int, path: str) -> None:
     initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     show_progress=False,
   )
-  # Documents that are not UTF-8 are left out here, as they are (and counted) when tokenizing.
-  texts = (d.decode("utf-8", errors="strict") for d, _ in documents if _is_text(d))
-  tok.train_from_iterator(texts, trainer)
+  tok.train_from_iterator(_texts(documents), trainer)
   tok.save(path)
+
+
+def _texts(documents):
+  """The documents' text; ones that are not UTF-8 are left out, as they are (and counted) when tokenizing."""
+  for document, _ in documents:
+    try:
+      yield document.decode("utf-8")
+    except UnicodeDecodeError:
+      continue
 
 
 def for_dataset(metadata: dict, directory: str):

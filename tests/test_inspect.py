@@ -104,16 +104,11 @@ def test_inspect_imports_neither_grain_nor_orbax():
 def test_remat_and_a_chunked_loss_lower_the_compiled_steps_memory():
   """Switches that only trade memory for compute must show in the compiled step (the reference tests
   in test_objective.py show they keep the objective; a no-op would pass those)."""
-  from trainer import components
-  from trainer import state as state_lib
-  from trainer.step import make_train_step
+  from trainer.inspection import compile_train_step
 
   def temp_bytes(**overrides):
     cfg = tiny_config(**{"model.vocab_size": 2048, "data.seq_len": 64, "model.num_layers": 2, **overrides})
-    comp, batch = components.build_for_compile(cfg)
-    target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
-    with jax.set_mesh(comp.mesh):
-      return make_train_step(comp, 1).lower(target, batch).compile().memory_analysis().temp_size_in_bytes
+    return compile_train_step(cfg)[2].memory_analysis().temp_size_in_bytes
 
   scanned = temp_bytes(**{"model.scan_layers": True})
   assert temp_bytes(**{"model.scan_layers": True, "model.remat": "full"}) < 0.8 * scanned

@@ -33,9 +33,18 @@ def _leaves(tree):
     yield "/".join(state_lib.path_keys(path)), leaf
 
 
-def report(config, devices=None) -> dict:
+def compile_train_step(config, devices=None):
+  """(components, the abstract train state, the train step compiled ahead of time for it): nothing is
+  allocated, and with the experiment's example_batch no data is opened."""
   comp, batch = components.build_for_compile(config, devices)
   target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
+  with jax.set_mesh(comp.mesh):
+    compiled = make_train_step(comp, config.microbatches).lower(target, batch).compile()
+  return comp, target, compiled
+
+
+def report(config, devices=None) -> dict:
+  comp, target, compiled = compile_train_step(config, devices)
   logical = dict(_leaves(comp.mdef.logical_specs))
   devices = list(comp.mesh.devices.flat)
   params = []
@@ -62,8 +71,6 @@ def report(config, devices=None) -> dict:
         totals[d.id] += _bytes_per_device(leaf)
     return max(totals.values())
 
-  with jax.set_mesh(comp.mesh):
-    compiled = make_train_step(comp, config.microbatches).lower(target, batch).compile()
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, list) else cost
