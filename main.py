@@ -24,6 +24,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. con
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, summary.")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "eval", "inspect", "verify"], "What to do.")
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "Run on N logical CPU devices.")
+_TARGET_DEVICE = flags.DEFINE_string(
+  "target_device", None, "--mode=inspect: compare per-device memory with this device's (h100, h200, v5p...)."
+)
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the job.")
@@ -100,6 +103,8 @@ def main(argv):
 
   if _MODE.value != "train":
     interrupts.during(f"--mode={_MODE.value}")
+  if _TARGET_DEVICE.value and _MODE.value != "inspect":
+    _fail(f"--target_device is for --mode=inspect, not --mode={_MODE.value}")
   try:
     from trainer import pathways, runtime
 
@@ -121,7 +126,7 @@ def main(argv):
       )
     from trainer.run import run
 
-    run(_CONFIG.value, _WORKDIR.value, _MODE.value)
+    run(_CONFIG.value, _WORKDIR.value, _MODE.value, target_device=_TARGET_DEVICE.value)
   except interrupts.Interrupted as e:
     _interrupted(e)
   except UserError as e:

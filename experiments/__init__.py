@@ -44,6 +44,11 @@ Optional:
       One row shaped and typed as make_batch's batches (zeros will do), from the config alone:
       --mode=inspect compiles the step from it without opening the data, so a cluster's data.path
       need not exist where you inspect. Without it, inspect reads the first batch of the real data.
+  model_flops_per_example(config, param_count) -> float
+      Forward and backward FLOPs of one example by the usual analytic count (the LM: 6 x matmul
+      parameters x tokens, plus attention): the numerator of MFU in the metrics and the summary.
+      Without it MFU uses the compiled step's FLOPs (which count rematerialized work, and a
+      scanned loop's body once).
 
 What the trainer guarantees:
   - Global batch t holds the same records in the same order on any number of devices and processes;

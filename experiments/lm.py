@@ -195,6 +195,16 @@ def data_sources(config) -> DataSources:
   raise UserError(f"data.source={d.source!r}: use 'synthetic' or 'arrayrecord'")
 
 
+def model_flops_per_example(config, param_count: int) -> float:
+  """Forward and backward FLOPs of one sequence: 6 per matmul parameter per token, plus attention's
+  scores and mixing, 12 x layers x width x seq_len per token (PaLM's appendix B count: the full
+  square, though causal kernels may skip half). The embedding lookup is no matmul; a tied table is
+  still one, as the output projection."""
+  m, seq = config.model, config.data.seq_len
+  matmul_params = param_count - (0 if m.tie_embeddings else m.vocab_size * m.embed_dim)
+  return seq * (6 * matmul_params + 12 * m.num_layers * m.embed_dim * seq)
+
+
 def example_batch(config) -> dict[str, np.ndarray]:
   """One row shaped as data_sources' batches are, from the config alone (--mode=inspect compiles from it)."""
   d = config.data

@@ -3,8 +3,12 @@
 import json
 
 import jax
+import numpy as np
+import pytest
 
+from errors import UserError
 from tests.conftest import TINY_FLAGS, run_main, tiny_config
+from trainer.hlo_collectives import trip_multipliers
 from trainer.inspection import report
 
 
@@ -27,6 +31,44 @@ def test_data_parallel_replicates_params_and_all_reduces_gradients_over_data():
   assert not any(kind == "all-gather" for kind, _ in kinds)
   grads = [c for c in out["compiled"]["collectives"] if c["kind"] == "all-reduce" and c["axes"] == ["data"]]
   assert grads[0]["bytes_per_device"] >= out["totals"]["param_bytes"]  # Every gradient crosses once.
+  # A ring all-reduce of the gradients is the minimum: 2 x params x 7/8 sent per device.
+  traffic = out["traffic"]
+  assert traffic["zero_minimum_bytes_per_device"] == 2 * out["totals"]["param_bytes"] * 7 / 8
+  assert 1.0 <= traffic["ratio"] < 1.05, traffic
+
+
+def test_collectives_inside_scanned_layers_count_once_per_trip():
+  """Scanned, the gradients of 3 layers are all-reduced inside a loop of 3 trips: counted per trip,
+  the step moves what the unrolled model moves (counted once per op, it would be under half)."""
+
+  def totals(scan):
+    cfg = _cfg((8, 1, 1), "dp")
+    cfg.model.num_layers, cfg.model.scan_layers = 3, scan
+    out = report(cfg)
+    return out["traffic"]["sent_bytes_per_device"], out["compiled"]
+
+  unrolled, _ = totals(False)
+  scanned, compiled = totals(True)
+  assert compiled["loops"] > 0 and any(e["in_loops"] for e in compiled["collectives"])
+  assert abs(scanned - unrolled) <= 0.05 * unrolled, (scanned, unrolled)
+
+
+def test_trip_counts_multiply_through_nested_loops_and_calls():
+  hlo = """
+%inner (p: f32[]) -> f32[] {
+  %ar = f32[4]{0} all-reduce(f32[4]{0} %x), replica_groups={{0,1}}, to_apply=%add
+}
+%outer (p: f32[]) -> f32[] {
+  %w = (s32[]) while((s32[]) %t), condition=%c, body=%inner, backend_config={"known_trip_count":{"n":"3"}}
+  %f = f32[] fusion(f32[] %p), kind=kLoop, calls=%fused
+}
+%fused (p: f32[]) -> f32[] {
+}
+ENTRY %main (p: f32[]) -> f32[] {
+  %w = (s32[]) while((s32[]) %t), condition=%c, body=%outer, backend_config={"known_trip_count":{"n":"2"}}
+}
+"""
+  assert {k: v for k, v in trip_multipliers(hlo).items()} == {"inner": 6, "outer": 2, "fused": 2, "main": 1}
 
 
 def test_fsdp_tp_splits_params_and_gathers_them_over_fsdp():
@@ -48,9 +90,12 @@ def test_fsdp_tp_splits_params_and_gathers_them_over_fsdp():
 
 
 def test_inspect_cli_writes_inspect_json(tmp_path):
-  result = run_main("--mode=inspect", f"--workdir={tmp_path}", "--cpu_devices=8", *TINY_FLAGS)
+  result = run_main(
+    "--mode=inspect", f"--workdir={tmp_path}", "--cpu_devices=8", "--target_device=h100", *TINY_FLAGS
+  )
   assert result.returncode == 0, result.stderr
   assert "logical CPU devices" in result.stdout and "all-gather" in result.stdout
+  assert "fits: 0% of 80 GB (NVIDIA H100 SXM)" in result.stdout and "fsdp_tp minimum" in result.stdout
   with open(tmp_path / "inspect.json") as f:
     out = json.load(f)
   assert set(out) >= {"devices", "mesh", "params", "totals", "compiled"}
@@ -68,6 +113,27 @@ def test_fsdp_puts_near_total_over_n_on_every_device_the_embedding_table_include
   t = out["totals"]
   assert t["param_bytes_per_device_max"] <= 1.05 * t["param_bytes"] / 8, t
   assert t["opt_state_bytes_per_device_max"] <= 1.05 * t["opt_state_bytes"] / 8, t
+  # The reported index ranges are where a real array of that sharding puts its shards.
+  from trainer import components
+  from trainer import state as state_lib
+
+  comp = components.build(cfg, with_data=False)
+  target = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx).params
+  leaves = {"/".join(state_lib.path_keys(k)): v for k, v in jax.tree_util.tree_flatten_with_path(target)[0]}
+  for p in out["params"]:
+    array = jax.device_put(np.zeros(p["shape"], np.float32), leaves[p["path"]].sharding)
+    placed = {
+      s.device.id: [
+        [i.start or 0, n if i.stop is None else i.stop] for i, n in zip(s.index, p["shape"], strict=True)
+      ]
+      for s in array.addressable_shards
+    }
+    assert {s["device_id"]: s["index"] for s in p["shards"]} == placed, p["path"]
+
+
+def test_an_unknown_target_device_is_an_error_before_compiling():
+  with pytest.raises(UserError, match=r"--target_device='h900': use one of .*h100"):
+    report(tiny_config(), target_device="h900")
 
 
 def test_inspect_compiles_from_the_experiments_example_batch_without_opening_the_data(tmp_path):

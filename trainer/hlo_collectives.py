@@ -1,5 +1,10 @@
-"""Counts the collectives in a compiled step's post-partitioning HLO: kind, count, bytes each device
-sends or receives per step (the result size), and which mesh axes they run over."""
+"""Counts the collectives in a compiled step's post-partitioning HLO: kind, count, bytes per step, the
+traffic each device sends, and which mesh axes they run over.
+
+A collective inside a loop (scanned layers, microbatches) runs once per trip: its count and bytes are
+multiplied by the loop's known trip count, and by every enclosing loop's. XLA's own cost analysis counts
+a loop body once; this does not.
+"""
 
 import math
 import re
@@ -7,7 +12,11 @@ import re
 import numpy as np
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_OP = re.compile(r"^\s*%\S+ = (?P<result>.+?) (?P<kind>" + "|".join(KINDS) + r")(?:-start)?\(")
+_OP = re.compile(r"^\s*%\S+ = (?P<result>.+?) (?P<kind>" + "|".join(KINDS) + r")(?P<start>-start)?\(")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(?P<name>\S+) \(.*\{\s*$")
+_CALLEE = re.compile(r"\b(?:body|calls|to_apply|true_computation|false_computation)=%([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _SHAPE = re.compile(r"\b(pred|[sufc]\d+|bf16)\[([\d,]*)\]")
 _BYTES = {"pred": 1, "bf16": 2}
 _IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
@@ -21,12 +30,36 @@ def _ints(text: str) -> list[int]:
   return [int(x) for x in text.split(",") if x]
 
 
-def _result_bytes(result: str) -> int:
+def _shape_bytes(text: str) -> int:
   total = 0
-  for dtype, dims in _SHAPE.findall(result):
+  for dtype, dims in _SHAPE.findall(text):
     size = _BYTES.get(dtype) or int(dtype[1:]) // 8
     total += size * math.prod(_ints(dims))
   return total
+
+
+def _tuple_elements(text: str) -> list[str]:
+  """The top-level elements of an HLO tuple type '(a, (b, c), d)'."""
+  inner, depth, parts, part = text.strip()[1:-1], 0, [], ""
+  for ch in inner:
+    depth += ch in "([{"
+    depth -= ch in ")]}"
+    if ch == "," and depth == 0:
+      parts.append(part)
+      part = ""
+    else:
+      part += ch
+  return [*parts, part]
+
+
+def _result_bytes(result: str, kind: str, is_start: bool) -> int:
+  """The bytes the collective produces. An async '-start' op other than all-reduce returns
+  (operands, results, ...): only its second element is the result."""
+  if is_start and kind != "all-reduce" and result.lstrip().startswith("("):
+    elements = _tuple_elements(result)
+    if len(elements) > 1:
+      return _shape_bytes(elements[1])
+  return _shape_bytes(result)
 
 
 def _first_group(line: str) -> list[int] | None:
@@ -57,16 +90,84 @@ def _axes(group, mesh) -> list[str]:
   return [name for name, c in zip(mesh.axis_names, coords, strict=True) if len(set(c.tolist())) > 1]
 
 
-def collectives(hlo_text: str, mesh) -> list[dict]:
-  """[{kind, count, bytes_per_device, axes}], one entry per (kind, axes), largest traffic first."""
-  table: dict[tuple, dict] = {}
+def sent_bytes(kind: str, result_bytes: int, group_size: int) -> float:
+  """Bytes one device sends for one op, by the bandwidth-optimal (ring) algorithm: what a network
+  must carry, whatever the backend does. An all-reduce is a reduce-scatter plus an all-gather."""
+  n = max(group_size, 1)
+  share = (n - 1) / n
+  return {
+    "all-reduce": 2 * result_bytes * share,
+    "all-gather": result_bytes * share,
+    "reduce-scatter": result_bytes * (n - 1),  # Its result is one shard of the n reduced.
+    "all-to-all": result_bytes * share,
+    "collective-permute": result_bytes,
+  }[kind]
+
+
+def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
+  """{computation name: its lines}, and the entry computation's name."""
+  comps, entry, current = {}, None, None
   for line in hlo_text.splitlines():
-    m = _OP.match(line)
-    if not m:
-      continue
-    axes = _axes(_first_group(line), mesh)
-    entry = table.setdefault((m["kind"], tuple(axes)), {"kind": m["kind"], "count": 0, "bytes_per_device": 0})
-    entry["axes"] = axes
-    entry["count"] += 1
-    entry["bytes_per_device"] += _result_bytes(m["result"])
-  return sorted(table.values(), key=lambda e: -e["bytes_per_device"])
+    if m := _COMPUTATION.match(line):
+      current = m["name"]
+      comps[current] = []
+      entry = current if line.startswith("ENTRY") else entry
+    elif line.startswith("}"):
+      current = None
+    elif current is not None:
+      comps[current].append(line)
+  return comps, entry
+
+
+def trip_multipliers(hlo_text: str) -> dict[str, int]:
+  """How many times each computation runs per execution of the entry: a while body runs its known trip
+  count times per run of its caller (1 when XLA does not know it); a call, fusion or branch once."""
+  comps, entry = _computations(hlo_text)
+  calls: dict[str, list[tuple[str, int]]] = {name: [] for name in comps}
+  for name, lines in comps.items():
+    for line in lines:
+      trips = int(m[1]) if " while(" in line and (m := _TRIP.search(line)) else 1
+      callees = _CALLEE.findall(line)
+      if m := _BRANCHES.search(line):
+        callees += [c.strip().lstrip("%") for c in m[1].split(",")]
+      calls[name] += [(c, trips if " while(" in line else 1) for c in callees if c in comps]
+  runs = dict.fromkeys(comps, 0)
+
+  def visit(name: str, times: int) -> None:
+    runs[name] += times
+    for callee, trips in calls[name]:
+      visit(callee, times * trips)
+
+  if entry is not None:
+    visit(entry, 1)
+  return runs
+
+
+def collectives(hlo_text: str, mesh) -> list[dict]:
+  """[{kind, axes, count, bytes_per_device, sent_bytes_per_device, in_loops}], one entry per (kind,
+  axes), largest traffic first. Per step: ops inside loops count once per trip. bytes_per_device: the
+  results' size; sent_bytes_per_device: what each device sends (sent_bytes); in_loops: ops inside a
+  loop (counted before multiplying)."""
+  comps, _ = _computations(hlo_text)
+  runs = trip_multipliers(hlo_text)
+  table: dict[tuple, dict] = {}
+  for name, lines in comps.items():
+    for line in lines:
+      m = _OP.match(line)
+      if not m or not runs[name]:
+        continue
+      group = _first_group(line)
+      axes = _axes(group, mesh)
+      size = _result_bytes(m["result"], m["kind"], bool(m["start"]))
+      group_size = len(group) if group is not None else mesh.devices.size
+      key = (m["kind"], tuple(axes))
+      entry = table.setdefault(
+        key,
+        {"kind": m["kind"], "axes": axes, "count": 0, "bytes_per_device": 0, "sent_bytes_per_device": 0.0},
+      )
+      entry.setdefault("in_loops", 0)
+      entry["count"] += runs[name]
+      entry["bytes_per_device"] += runs[name] * size
+      entry["sent_bytes_per_device"] += runs[name] * sent_bytes(m["kind"], size, group_size)
+      entry["in_loops"] += runs[name] > 1
+  return sorted(table.values(), key=lambda e: -e["sent_bytes_per_device"])

@@ -1,8 +1,9 @@
 """--mode=inspect: where every shard lives and what the compiled step costs, without training.
 
 Writes inspect.json (devices, mesh, per-parameter placement, totals, the compiled step's per-device
-memory, FLOPs and collectives) and prints a summary. Nothing is allocated: shapes and shardings are
-abstract, and the step is compiled ahead of time.
+memory, FLOPs and collectives, the traffic against the strategy's ZeRO minimum, and the fit on a
+target device) and prints a summary. Nothing is allocated: shapes and shardings are abstract, and the
+step is compiled ahead of time.
 """
 
 import json
@@ -11,9 +12,10 @@ import os
 import jax
 import numpy as np
 
-from trainer import components
+from errors import UserError
+from trainer import components, hardware, model_flops
 from trainer import state as state_lib
-from trainer.hlo_collectives import collectives
+from trainer.hlo_collectives import collectives, trip_multipliers
 from trainer.metrics import console, device_label
 from trainer.step import make_train_step
 
@@ -43,7 +45,30 @@ def compile_train_step(config, devices=None):
   return comp, target, compiled
 
 
-def report(config, devices=None) -> dict:
+def zero_minimum(strategy: str, mesh_shape: dict, param_bytes: int) -> tuple[float, str]:
+  """(bytes each device must send per step, the formula) for the strategy's gradient and parameter
+  traffic, whatever the backend: Ψ is the parameters' bytes (gradients alike), n an axis's size and
+  (n-1)/n a ring's share. dp all-reduces gradients over the batch axes (2Ψ); zero1 reduce-scatters
+  them and all-gathers the updated parameters (2Ψ); fsdp all-gathers parameters in the forward and
+  backward passes and reduce-scatters gradients over fsdp (3Ψ), then all-reduces its shard of the
+  gradients over data. Tensor parallelism splits Ψ first; its activation traffic is not counted."""
+  d, f, t = (mesh_shape[a] for a in ("data", "fsdp", "tensor"))
+  share = lambda n: (n - 1) / n
+  if strategy in ("dp", "zero1"):
+    n = d * f
+    return 2 * param_bytes * share(n), f"2Ψ(n-1)/n, n = data x fsdp = {n}"
+  psi = param_bytes / (t if strategy == "fsdp_tp" else 1)
+  minimum = 3 * psi * share(f) + 2 * (psi / f) * share(d)
+  tp = f"Ψ/tensor({t}) " if strategy == "fsdp_tp" else ""
+  return minimum, f"{tp}3Ψ(f-1)/f + 2(Ψ/f)(d-1)/d, f = fsdp = {f}, d = data = {d}"
+
+
+def report(config, devices=None, target_device: str | None = None) -> dict:
+  accelerator = None
+  if target_device:
+    accelerator = hardware.by_name(target_device)
+    if accelerator is None:
+      raise UserError(f"--target_device={target_device!r}: use one of {', '.join(hardware.TABLE)}")
   comp, target, compiled = compile_train_step(config, devices)
   logical = dict(_leaves(comp.mdef.logical_specs))
   devices = list(comp.mesh.devices.flat)
@@ -75,6 +100,15 @@ def report(config, devices=None) -> dict:
   cost = compiled.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, list) else cost
   param_leaves = [leaf for _, leaf in _leaves(target.params)]
+  hlo = compiled.as_text()
+  table = collectives(hlo, comp.mesh)
+  param_bytes = sum(p["bytes_total"] for p in params)
+  minimum, formula = zero_minimum(config.sharding.strategy, dict(comp.mesh.shape), param_bytes)
+  sent = sum(e["sent_bytes_per_device"] for e in table)
+  per_device = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+  per_device += memory.temp_size_in_bytes
+  loops = sum(1 for line in hlo.splitlines() if " while(" in line)
+  model = model_flops.per_step(comp.experiment, config, state_lib.param_count(target.params))
   return {
     "devices": [
       {
@@ -90,7 +124,7 @@ def report(config, devices=None) -> dict:
     "strategy": config.sharding.strategy,
     "params": params,
     "totals": {
-      "param_bytes": sum(p["bytes_total"] for p in params),
+      "param_bytes": param_bytes,
       "opt_state_bytes": sum(
         int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize for x in opt_leaves
       ),
@@ -102,17 +136,37 @@ def report(config, devices=None) -> dict:
         "argument": memory.argument_size_in_bytes,
         "output": memory.output_size_in_bytes,
         "temp": memory.temp_size_in_bytes,
+        "alias": memory.alias_size_in_bytes,
+        "total": per_device,  # Arguments + outputs - donated (aliased) + temporaries.
       },
-      # XLA's cost analysis is of the partitioned program one device runs (8 devices: 1/8 of a matmul).
+      # XLA's cost analysis is of the partitioned program one device runs (8 devices: 1/8 of a matmul),
+      # and counts a loop's body once: with `loops` > 0 (scanned layers, microbatches) it is low.
       "flops_per_device": float(cost.get("flops", 0.0)),
       "flops_all_devices": float(cost.get("flops", 0.0)) * comp.mesh.devices.size,
-      "collectives": collectives(compiled.as_text(), comp.mesh),
+      "loops": loops,
+      "model_flops_per_step": model,  # The experiment's analytic count (None without its hook).
+      "collectives": table,  # Inside loops, multiplied by the trip counts.
+      "loop_runs": {k: v for k, v in trip_multipliers(hlo).items() if v > 1},
+    },
+    "traffic": {
+      "sent_bytes_per_device": sent,
+      "zero_minimum_bytes_per_device": minimum,
+      "minimum_formula": formula,
+      "ratio": sent / minimum if minimum else None,
+    },
+    "target_device": None
+    if accelerator is None
+    else {
+      "name": accelerator.name,
+      "memory_bytes": accelerator.memory_bytes,
+      "fraction": per_device / accelerator.memory_bytes,
+      "fits": per_device <= accelerator.memory_bytes,
     },
   }
 
 
-def inspect(config, workdir: str) -> dict:
-  out = report(config)
+def inspect(config, workdir: str, target_device: str | None = None) -> dict:
+  out = report(config, target_device=target_device)
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "inspect.json"), "w") as f:
@@ -130,10 +184,32 @@ def inspect(config, workdir: str) -> dict:
   m = c["memory_per_device"]
   console(
     f"compiled step per device: arguments {m['argument']:,} B, outputs {m['output']:,} B, "
-    f"temporaries {m['temp']:,} B; {c['flops_per_device']:,.0f} FLOPs per device per step "
-    f"({c['flops_all_devices']:,.0f} on all devices)"
+    f"temporaries {m['temp']:,} B (donated {m['alias']:,} B): {m['total']:,} B in all"
   )
+  loops = f"; XLA counts each of its {c['loops']} loops' body once" if c["loops"] else ""
+  model = f", model (analytic) {c['model_flops_per_step']:,.0f}" if c["model_flops_per_step"] else ""
+  console(
+    f"FLOPs per step: compiled {c['flops_per_device']:,.0f} per device, {c['flops_all_devices']:,.0f} "
+    f"on all{loops}{model}"
+  )
+  console("collectives per step (inside loops: x trip count), bytes each device sends by a ring:")
   for e in c["collectives"]:
-    console(f"  {e['kind']:<18} x{e['count']:<4} {e['bytes_per_device']:>12,} B/device over {e['axes']}")
+    looped = f" ({e['in_loops']} in loops)" if e["in_loops"] else ""
+    console(
+      f"  {e['kind']:<18} x{e['count']:<5} {e['sent_bytes_per_device']:>14,.0f} B sent/device over "
+      f"{e['axes']}{looped}"
+    )
+  tr = out["traffic"]
+  ratio = f"{tr['ratio']:.2f}x" if tr["ratio"] is not None else "n/a (one device)"
+  console(
+    f"traffic {tr['sent_bytes_per_device']:,.0f} B/device against the {out['strategy']} minimum "
+    f"{tr['zero_minimum_bytes_per_device']:,.0f} B ({tr['minimum_formula']}): {ratio}"
+  )
+  if (dev := out["target_device"]) is not None:
+    verdict = "fits" if dev["fits"] else "does NOT fit"
+    console(
+      f"{verdict}: {100 * dev['fraction']:.0f}% of {dev['memory_bytes'] / 1e9:.0f} GB ({dev['name']}); "
+      f"XLA's estimate, before NCCL/cuDNN workspaces"
+    )
   console(f"wrote {os.path.join(workdir, 'inspect.json')}")
   return out

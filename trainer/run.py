@@ -8,7 +8,7 @@ from errors import UserError
 MODES = ("train", "eval", "inspect", "verify")
 
 
-def run(config, workdir: str, mode: str) -> None:
+def run(config, workdir: str, mode: str, target_device: str | None = None) -> None:
   from trainer import runtime
 
   runtime.use_compilation_cache(config.compilation_cache, workdir)
@@ -27,7 +27,7 @@ def run(config, workdir: str, mode: str) -> None:
   elif mode == "inspect":
     from trainer.inspection import inspect
 
-    inspect(config, workdir)
+    inspect(config, workdir, target_device)
   elif mode == "verify":
     from trainer.verify import verify
 
