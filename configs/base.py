@@ -88,5 +88,18 @@ def get_config(experiment: str = "lm") -> ml_collections.ConfigDict:
   c.watchdog.compile_timeout_s = 600.0  # Compiling the step, and the first step (peers still compile).
   c.watchdog.step_timeout_s = 300.0  # A step, barrier, save or evaluation.
 
+  c.profile = ml_collections.ConfigDict()
+  # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in
+  # WORKDIR/profile/process_I (TensorBoard's profile plugin, or Perfetto), read back into each
+  # process's compute / collective / wait / idle split (processes/process_I.jsonl and a console table).
+  c.profile.start_step = 5  # The window begins after this step (of the run's own count: warm-up first).
+  c.profile.steps = 0  # Steps traced; 0: no profile.
+
+  c.straggler = ml_collections.ConfigDict()
+  # One line names a process whose data wait or step dispatch time per step (over a logging window) exceeds
+  # the median of the other processes' by this factor, and by at least min_s. 0: never.
+  c.straggler.factor = 3.0
+  c.straggler.min_s = 0.05  # Seconds per step: smaller differences are noise.
+
   # Adds the experiment's keys, then locks: a config that sets a key defined nowhere fails on load.
   return configuration.with_experiment(c, experiment)

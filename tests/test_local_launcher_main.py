@@ -36,9 +36,18 @@ PADDED = ["--config.data.num_examples=68"]
 @pytest.fixture(scope="module")
 def five_steps(tmp_path_factory):
   """A 5-step run in two processes of 4 devices, and one in a single process of 8. 68 records: the
-  last batch of the epoch (step 5) has 4 valid rows of 16, so one process's rows are all padding."""
+  last batch of the epoch (step 5) has 4 valid rows of 16, so one process's rows are all padding.
+  Process 1 is slow to read each batch (a straggler), and steps 2..3 are profiled."""
   two, one = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("one")
-  result = _main_two(two, "--config.steps=5", *PADDED)
+  profile = ["--config.profile.start_step=1", "--config.profile.steps=2"]
+  result = _main_two(
+    two,
+    "read=0.4/p1",
+    "--config.steps=5",
+    *profile,
+    *PADDED,
+    launcher_flags=["--main=tests/main_with_pauses.py"],
+  )
   assert result.returncode == 0, result.stdout + result.stderr
   single = _main_single(one, "--config.steps=5", *PADDED)
   assert single.returncode == 0, single.stdout + single.stderr
@@ -57,6 +66,25 @@ def test_two_processes_train_like_one(five_steps):
   for run in (two, one):  # The padded batch was reached.
     rows = [r for r in read_jsonl(str(run / "metrics.jsonl")) if "loss" in r]
     assert [r["valid_examples"] for r in rows] == [16, 16, 16, 16, 4]
+
+
+@pytest.mark.slow
+def test_the_slow_process_is_named_and_every_process_reports_its_profile(five_steps):
+  two, _, result = five_steps
+  named = [line for line in result.stdout.splitlines() if "straggler:" in line]
+  assert [line.split(" s/step")[0][:-6] for line in named] == ["[p0] straggler: process 1's data wait is"], (
+    named
+  )
+  rows = [r for r in read_jsonl(str(two / "metrics.jsonl")) if "loss" in r]
+  assert any(r.get("stragglers") == [1] for r in rows) and not any(0 in r.get("stragglers", []) for r in rows)
+  # One table on process 0's console, a line per process; each process's own split in its file.
+  table = result.stdout[result.stdout.index("[p0] profile of steps 2..3") :].splitlines()
+  assert table[2].split()[1] == "0" and table[3].split()[1] == "1", table[:5]
+  for p in (0, 1):
+    (profile,) = [
+      r for r in read_jsonl(str(two / "processes" / f"process_{p}.jsonl")) if r.get("event") == "profile"
+    ]
+    assert len(profile["devices"]) == 4 and all(d["compute_s"] > 0 for d in profile["devices"].values())
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from trainer.train import train
 
 def test_train_writes_every_output_and_learns(tmp_path):
   workdir = str(tmp_path)
-  summary = train(tiny_config(steps=8), workdir)
+  summary = train(tiny_config(steps=8, **{"profile.start_step": 3, "profile.steps": 2}), workdir)
 
   for name in ("config.json", "metrics.jsonl", "summary.json", "processes/process_0.jsonl", "tensorboard"):
     assert os.path.exists(os.path.join(workdir, name)), name
@@ -29,6 +29,27 @@ def test_train_writes_every_output_and_learns(tmp_path):
   assert summary["examples_seen"] == 8 * 16
   assert "logical CPU" in summary["devices"]
   assert math.isfinite(summary["eval_loss"]) and summary["loss_floor"] > 0
+
+  # Where the time went: the categories, each measured where it is spent, sum to the wall time.
+  split = summary["goodput"]
+  assert abs(split["unaccounted_s"]) <= 0.02 * split["wall_s"], split
+  assert split["productive_steps"] > 0 and split["compile"] > 0 and split["lost_to_restarts"] == 0
+  assert 0 < split["goodput"] < 1
+  # FLOPs: the LM's analytic count, and XLA's (which adds the optimizer and the softmax) beside it.
+  assert 0.7 < summary["model_flops_per_step"] / summary["compiled_flops_per_step"] < 1.3, summary
+  assert summary["mfu"] == "n/a (logical CPU)" and summary["tflops_per_device"] > 0
+  assert all(r["tflops_per_device"] > 0 and "mfu" not in r for r in rows)
+
+  # The profile window: a trace, and each device's time in it split into compute, collectives, wait
+  # and idle, which add up to the window's span.
+  (profile,) = [
+    r for r in read_jsonl(os.path.join(workdir, "processes/process_0.jsonl")) if r.get("event") == "profile"
+  ]
+  assert profile["steps"] == [4, 5] and os.path.exists(profile["trace"])
+  assert len(profile["devices"]) == 8 and "logical CPU devices share" in profile["note"]
+  for device in profile["devices"].values():
+    assert device["compute_s"] > 0 and device["all-reduce_s"] > 0, device
+    assert abs(sum(device.values()) - profile["span_s"]) <= 1e-3 * profile["span_s"] + 1e-6, device
 
 
 def test_finished_run_resumes_to_nothing_new(tmp_path):

@@ -61,3 +61,20 @@ def test_restore_has_its_own_budget_and_evaluation_mode_is_watched(tmp_path):
   )
   assert hung.returncode == watchdog.EXIT_CODE, hung.stderr
   assert "watchdog: process 0 stuck in eval at step 4" in hung.stderr
+
+
+def test_a_straggler_is_the_process_far_above_the_others_median():
+  from trainer import straggler
+
+  w = lambda data, dispatch: {"step": 40, "data_s": data, "dispatch_s": dispatch}
+  windows = {0: w(0.01, 0.02), 1: w(0.31, 0.33), 2: w(0.02, 0.03)}
+  found = straggler.find(windows, factor=3.0, min_s=0.05)
+  assert [(p, m) for p, m, *_ in found] == [(1, "data_s"), (1, "dispatch_s")]
+  assert straggler.line(*found[0], factor=3.0) == (
+    "straggler: process 1's data wait is 0.310 s/step against a median of 0.015 s/step on the other "
+    "processes (window ending at step 40; straggler.factor=3)"
+  )
+  # Above the factor but within min_s is noise; two processes compare with each other; 0 is off.
+  assert straggler.find({0: w(0.001, 0.001), 1: w(0.01, 0.01)}, 3.0, 0.05) == []
+  assert [p for p, *_ in straggler.find({0: w(0.0, 0.0), 1: w(0.4, 0.4)}, 3.0, 0.05)] == [1, 1]
+  assert straggler.find(windows, factor=0.0, min_s=0.0) == []

@@ -29,24 +29,27 @@ def _is_eval_row(row: dict) -> bool:
   return any(k.startswith("eval_") for k in row)
 
 
-def truncate_jsonl(path: str, after_step: int, drop_eval_at: int | None = None) -> None:
+def truncate_jsonl(path: str, after_step: int, drop_eval_at: int | None = None) -> int | None:
   """Drops rows past `after_step` (a resumed run trains those steps again), the eval row at
   `drop_eval_at` (an evaluation done again) and a line torn by a kill mid-write. Atomic: a kill during
-  the rewrite leaves the old file, never a shorter one."""
+  the rewrite leaves the old file, never a shorter one. Returns the highest `batch` any train row
+  named, dropped ones included: what earlier runs had trained."""
   if not os.path.exists(path):
-    return
-  rows = []
+    return None
+  rows, batches = [], [-1]
   with open(path) as f:
     for line in f:
       try:
         row = json.loads(line)
       except ValueError:
         continue
+      batches.append(row.get("batch", -1))
       if row.get("step", 0) <= after_step and not (row.get("step") == drop_eval_at and _is_eval_row(row)):
         rows.append(json.dumps(row) + "\n")
   with open(path + ".tmp", "w") as f:
     f.writelines(rows)
   os.replace(path + ".tmp", path)
+  return max(batches) if max(batches) >= 0 else None
 
 
 class MetricsLog:
@@ -64,9 +67,10 @@ class MetricsLog:
     truncate_jsonl(self._process_path, resume_step)
     self._process = open(self._process_path, "a")
     self._metrics = self._tb = None
+    self.trained_before = None  # The last global batch an earlier run logged (process 0 knows).
     if self.is_main:
       path = os.path.join(workdir, "metrics.jsonl")
-      truncate_jsonl(path, resume_step, drop_eval_at)
+      self.trained_before = truncate_jsonl(path, resume_step, drop_eval_at)
       self._metrics = open(path, "a")
       self._tb = self._tensorboard(resume_step)
       processes = jax.process_count()
@@ -134,7 +138,8 @@ class Window:
     self.start = time.time()
     self.unit = unit  # What the loss's count counts: the experiment's UNIT.
     self.steps, self.data_wait, self.fetch, self.dispatch = 0, 0.0, 0.0, 0.0
-    self.checkpoint = self.evaluation = 0.0  # Seconds the loop spent saving and evaluating.
+    # Seconds the loop spent saving, evaluating and starting or reading back a profile.
+    self.checkpoint = self.evaluation = self.profiling = 0.0
     self.valid_examples = 0
     self.step_counts: list[tuple[int, float]] = []  # fetch_counts(), once the window closes.
     self._counts, self._unchecked = [], []  # Device scalars: (step, count); (step, finite, count).
@@ -171,7 +176,7 @@ class Window:
     over all its steps, and rates over its training time (saving and evaluating excluded; the
     process row has both)."""
     now = time.time()
-    training = max(now - self.start - self.checkpoint - self.evaluation, 1e-9)
+    training = max(now - self.start - self.checkpoint - self.evaluation - self.profiling, 1e-9)
     self.step_counts = self.fetch_counts()
     total = sum(n for _, n in self.step_counts)
     row = {

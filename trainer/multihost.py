@@ -41,6 +41,17 @@ def all_agree(name: str, ok: bool, timeout_s: float) -> bool:
   return all(c.key_value_try_get(f"{key}/{p}") == "1" for p in range(jax.process_count()))
 
 
+def gather(name: str, value: dict, timeout_s: float) -> dict[int, dict]:
+  """{process: its `value`} on every process (JSON through the key-value store)."""
+  c = client()
+  if c is None:
+    return {0: value}
+  key = f"{name}#{next(_sequence)}"
+  c.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value))
+  barrier(key, timeout_s)
+  return {p: json.loads(c.key_value_try_get(f"{key}/{p}")) for p in range(jax.process_count())}
+
+
 def _flatten(tree, prefix=""):
   if isinstance(tree, dict):
     for k in sorted(tree):

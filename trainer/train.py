@@ -11,13 +11,25 @@ import numpy as np
 import trainer
 from data import pipeline
 from errors import UserError
-from trainer import checkpointing, components, interrupts, multihost, resume_policy
+from trainer import (
+  checkpointing,
+  components,
+  goodput,
+  interrupts,
+  model_flops,
+  multihost,
+  profiling,
+  resume_policy,
+  straggler,
+)
 from trainer import state as state_lib
 from trainer.evaluate import evaluate
 from trainer.metrics import MetricsLog, Window, closing_line, console, device_label, eval_line, progress_line
 from trainer.preemption import Preemption
 from trainer.step import make_eval_step, make_train_step
 from trainer.watchdog import Watchdog
+
+_first_run_in_process = [True]  # Only a process's first run paid for the imports.
 
 
 def empty_batch_error(t: int) -> UserError:
@@ -40,7 +52,10 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
 
 def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> dict:
   # Start-up's seconds by phase, for summary.json: imports (process start to train()), then ours.
-  startup = {"imports": t_start - trainer.STARTED}
+  started = trainer.STARTED if _first_run_in_process[0] else t_start
+  _first_run_in_process[0] = False
+  startup = {"imports": t_start - started}
+  ledger = goodput.Ledger(started)
   # --- Setup: mesh, experiment, data order, optimizer, shardings (config errors surface here).
   comp = components.build(config, devices)
   meta = checkpointing.run_metadata(comp, config)
@@ -83,6 +98,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
   state, batch_offset, rollbacks = restore_or_init(resuming=True)
   start = int(state.step)
   startup["restore" if start else "init"] = time.time() - t0
+  ledger.add("startup", t0 - started)
+  ledger.add("restore" if start else "startup", time.time() - t0)
   last_step = config.steps if stop_after is None else min(stop_after, config.steps)
   summary_path = os.path.join(workdir, "summary.json")
   if start >= last_step:
@@ -109,9 +126,20 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     with jax.set_mesh(comp.mesh):
       train_step = train_step.lower(state, batch_spec).compile()
   compile_s = startup["compile"] = time.time() - t0
+  ledger.add("compile", compile_s)
+  t0 = time.time()
+  devices = list(comp.mesh.devices.flat)
+  # MFU's numerator: the experiment's analytic count, else the compiled step's (all devices).
+  flops_per_step = model_flops.per_step(comp.experiment, config, state_lib.param_count(state.params))
+  compiled_flops = model_flops.compiled_per_device(train_step) * len(devices) if start < last_step else None
+  flops_per_step = flops_per_step or compiled_flops
 
   # --- The loop. Batches are prepared ahead by Grain threads and copied to the devices ahead.
   log = MetricsLog(workdir, resume_step=start, drop_eval_at=start if start >= last_step else None)
+  if log.trained_before is not None:
+    ledger.trained_before = log.trained_before
+  profile = profiling.Window(config.profile, workdir, start)
+  stragglers_seen = set()
 
   def open_batches(step):
     first = step + batch_offset  # Global batch t trains step t - batch_offset + 1.
@@ -148,8 +176,13 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         trained[at - start - 1] = n
 
   step = start
+  ledger.add("startup", time.time() - t0)
   try:
     while step < last_step:
+      t_iter = time.time()
+      profiled_s = profile.maybe_start(step, state)
+      ledger.add("profiling", profiled_s)
+      window.profiling += profiled_s
       # Every step's own work never waits for the devices: a device-to-host copy here (a hidden sync)
       # is an error. Only logging, saving and evaluating below fetch values, on their steps.
       with jax.transfer_guard_device_to_host("disallow_explicit"):
@@ -158,6 +191,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         watchdog.beat("data", step + 1, first)
         t0 = time.time()
         t, local, batch = next(batches)
+        fetch_s = time.time() - t0
+        ledger.add("data_wait", fetch_s)
         watchdog.beat("step", step + 1, first)
         assert t == step + batch_offset, (t, step, batch_offset)  # The data position is the step.
         # A globally empty batch never reaches the devices. Rows are known globally from the plan;
@@ -166,7 +201,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         if comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
           raise empty_batch_error(t)
         t1 = time.time()
-        state, metrics = train_step(state, batch)
+        with profile.annotation(step + 1):
+          state, metrics = train_step(state, batch)
         step += 1
         window.add_step(
           step,
@@ -194,12 +230,15 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
             f"optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback"
           )
         rollbacks += 1  # Saved with the next checkpoint: a restarted job does not start counting afresh.
+        t_rollback = time.time()
+        ledger.step(step, t, t_rollback - t_iter - fetch_s - profiled_s)
         batches.close()
         ckpt.wait()
         old_offset = batch_offset
         watchdog.beat("restore", step, config.watchdog.restore_timeout_s)
         state, _, _ = restore_or_init(resuming=False)
         good = int(state.step)
+        ledger.discard_after(good)
         count_trained(window.fetch_counts(), good)  # Steps up to the checkpoint stay trained.
         trained[max(good - start, 0) :] = 0  # Later steps' work is thrown away.
         # Steps good+1..bad trained batches good+old_offset..bad-1+old_offset: skip them. The offset
@@ -211,6 +250,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         console(f"step {bad}: NaN/Inf; rolled back to step {good}, skipping {bad - good} batches")
         step, window = good, Window(unit)
         batches = open_batches(step)
+        ledger.add("restore", time.time() - t_rollback)
         continue
 
       # A logged step's window closes after its save, so its checkpoint blocking is in its own row,
@@ -218,15 +258,20 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
       if log_now:
         metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
         device_wait_s = time.time() - t1
+      saving_s = eval_s = 0.0
       if save_now:
         watchdog.beat("checkpoint", step)
         t3 = time.time()
         position = checkpointing.data_position(step, batch_offset, comp, rollbacks)
         ckpt.save(step, state, position, config, meta)  # Async: the write goes on in the background.
-        window.checkpoint += time.time() - t3
+        saving_s = time.time() - t3
+        window.checkpoint += saving_s
+        ledger.add("checkpoint_blocking", saving_s)
       if log_now:
         row, process_row = window.close(step, metrics, device_wait_s)
         row["batch"] = t  # The data position this step trained on: checkable after any restart.
+        row.update(model_flops.fields(flops_per_step, row["step_time_s"], devices))
+        row.update(straggler.report(watchdog, window, step, config.straggler, stragglers_seen))
         log.write(row)
         for record in [process_row, *ckpt.drain()]:
           log.write_process(record)
@@ -239,27 +284,48 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         t4 = time.time()
         eval_row = evaluate_and_log(step)
         console(f"step {step}/{config.steps}  {eval_line(eval_row)}")
-        window.evaluation += time.time() - t4
+        eval_s = time.time() - t4
+        window.evaluation += eval_s
+        ledger.add("evaluation", eval_s)
       if log_now:
         window = Window(unit)
+      profile_row, profile_s = profile.maybe_stop(step, state)
+      if profile_row is not None:
+        t5 = time.time()
+        log.write_process(profile_row)
+        profiling.print_table(profile_row, config.watchdog.step_timeout_s, device_label(devices))
+        profile_s += time.time() - t5
+      ledger.add("profiling", profile_s)
+      window.profiling += profile_s
+      ledger.step(step, t, time.time() - t_iter - fetch_s - saving_s - eval_s - profiled_s - profile_s)
 
       if stop:
         break
   finally:
     batches.close()
     watchdog.beat("checkpoint", step)
+    t0 = time.time()
     ckpt.wait()  # Even on an error: a good checkpoint in flight is finished, not left half-written.
+    ledger.add("checkpoint_blocking", time.time() - t0)
 
   # --- The end: final evaluation, wait for the last write, summary. A signal here is noted, and the
   # run finishes: the checkpoint is saved, and the evaluation and summary take seconds.
   watchdog.beat("finish", step)
   if config.eval_steps and step == config.steps:
+    t0 = time.time()
     eval_row = evaluate_and_log(step)
+    ledger.add("evaluation", time.time() - t0)
     watchdog.beat("finish", step)
+  t0 = time.time()
   ckpt.close()
   for record in ckpt.drain():
     log.write_process(record)
   log.close()
+  ledger.add("checkpoint_blocking", time.time() - t0)
+  split = ledger.split()
+  step_s = split["productive_steps"] + split["lost_to_restarts"] + split["lost_to_rollbacks"]
+  run_steps = step - start
+  speed = model_flops.fields(flops_per_step, step_s / run_steps, devices) if run_steps and step_s else {}
   summary = {
     "final_step": step,
     "final_loss": last.get("loss"),
@@ -272,6 +338,11 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     "wall_s": time.time() - t_start,
     "compile_s": compile_s,
     "startup_s": startup,  # imports, build, init or restore, compile.
+    "goodput": split,  # Where the wall time went, from process start (trainer/goodput.py).
+    "model_flops_per_step": flops_per_step,
+    "compiled_flops_per_step": compiled_flops,  # XLA's count: remat included, a loop's body once.
+    "tflops_per_device": speed.get("tflops_per_device"),  # Over this run's steps, all their time.
+    "mfu": speed.get("mfu", model_flops.mfu_label(devices)),
     "devices": device_label(comp.mesh.devices.flatten()),
     "processes": jax.process_count(),
   }
@@ -284,6 +355,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     console(f"preempted ({preemption.received}): saved checkpoint {step}; run the same command to resume")
   elif preemption.received:
     console(f"{preemption.received} received at the end of training: the run finished anyway")
+  if run_steps:
+    console(goodput.line(split))
   if last and step == config.steps:
     console(closing_line(step, last, eval_row, comp.sources.loss_floor))
   return summary

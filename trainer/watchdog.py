@@ -34,6 +34,7 @@ class Watchdog:
   def __init__(self, startup_timeout_s: float, step_timeout_s: float):
     self.step_timeout_s = step_timeout_s
     self._lock = threading.Lock()
+    self._window = None  # The last logging window's per-step figures (trainer/straggler.py).
     self._set("startup", 0, startup_timeout_s)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._watch, daemon=True, name="watchdog")
@@ -48,6 +49,36 @@ class Watchdog:
     """Entering `phase` at `step`: it must end, or the next beat come, within the timeout."""
     self._set(phase, step, self.step_timeout_s if timeout_s is None else timeout_s)
 
+  def note_window(self, window: dict) -> None:
+    """This process's latest logging window ({step, data_s, dispatch_s}), published now and with every
+    report after."""
+    with self._lock:
+      self._window = window
+    self._publish(multihost.client())
+
+  def peer_windows(self) -> dict[int, dict]:
+    """{process: its latest window} of every process that published one (this one included)."""
+    client = multihost.client()
+    if client is None:
+      return {}
+    reports = _read_reports(client, jax.process_index())
+    windows = {p: r["window"] for p, r in reports.items() if r and r.get("window")}
+    with self._lock:
+      if self._window:
+        windows[jax.process_index()] = self._window
+    return windows
+
+  def _publish(self, client) -> None:
+    if client is None:
+      return
+    with self._lock:
+      report = {"phase": self.phase, "step": self.step, "since": self.since, "time": time.time()}
+      report["window"] = self._window
+    try:
+      client.key_value_set(f"watchdog/{jax.process_index()}", json.dumps(report), allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - the service may be gone; our own deadline still holds.
+      pass
+
   def stop(self) -> None:
     self._stop.set()
     self._thread.join(timeout=5)
@@ -57,12 +88,7 @@ class Watchdog:
     while not self._stop.wait(_REPORT_EVERY_S):
       with self._lock:
         phase, step, timeout_s, since = self.phase, self.step, self.timeout_s, self.since
-      if client is not None:  # Our main thread's progress, for a peer's watchdog to read if we stall.
-        report = json.dumps({"phase": phase, "step": step, "since": since, "time": time.time()})
-        try:
-          client.key_value_set(f"watchdog/{jax.process_index()}", report, allow_overwrite=True)
-        except Exception:  # noqa: BLE001 - the service may be gone; our own deadline still holds.
-          pass
+      self._publish(client)  # Our main thread's progress, for a peer's watchdog to read if we stall.
       if time.time() - since > timeout_s:
         self._fire(phase, step, timeout_s, time.time() - since, client)
 

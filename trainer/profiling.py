@@ -1,0 +1,199 @@
+"""The profile window: a JAX profiler trace of a few steps on every process, read back into where each
+device's time went: compute, each collective kind, waiting for peers inside a collective, and idle.
+
+The trace (WORKDIR/profile/process_I/plugins/profile/*/HOST.xplane.pb) opens in TensorBoard's
+profile plugin (`tensorboard --logdir WORKDIR/profile`) or in Perfetto. Reading it back uses
+jax.profiler.ProfileData: op events carry their HLO op name, and their device:
+- XLA:CPU: on the host plane, every executed op ("thunk") has `hlo_op` and `device_ordinal` stats,
+  and a collective's wait for the other devices is a `Rendezvous` event inside it (shown apart as
+  wait). All logical devices share the process's cores: a device's compute time includes waiting for
+  a core, and collectives are copies in memory, not transfers over a link.
+- GPUs and TPUs: one plane per device (/device:GPU:N) whose "XLA Ops" line holds the ops. A
+  collective's time includes any wait for peers (no separate wait), and compute and collectives may
+  overlap: overlapped time counts as collective.
+Per device, time in the window is split by priority (wait, then collective, then compute); idle is
+the rest of the window's span: the device ran nothing (the host was fetching data, logging, or
+behind).
+"""
+
+import contextlib
+import glob
+import os
+import re
+import time
+
+import jax
+
+from trainer import multihost
+from trainer.hlo_collectives import KINDS
+from trainer.metrics import console
+
+CPU_NOTE = (
+  "logical CPU devices share this process's cores: compute includes waiting for a core, and "
+  "collectives are memory copies between threads (their wait for the other devices is shown apart)"
+)
+_DEVICE_PLANE = re.compile(r"/device:(?:GPU|TPU):(\d+)$")
+_WAIT_EVENTS = ("Rendezvous",)
+
+
+def collective_kind(op_name: str) -> str | None:
+  """'all-reduce' for 'all-reduce.3', 'all-gather-start.1', ...; None for compute ops."""
+  return next((k for k in KINDS if op_name.startswith(k)), None)
+
+
+def _union(intervals):
+  merged = []
+  for start, end in sorted(intervals):
+    if merged and start <= merged[-1][1]:
+      merged[-1][1] = max(merged[-1][1], end)
+    else:
+      merged.append([start, end])
+  return merged
+
+
+def _length(union) -> float:
+  return sum(end - start for start, end in union)
+
+
+def _overlap(a, b) -> float:
+  """Length of the intersection of two unions."""
+  i = j = 0
+  total = 0.0
+  while i < len(a) and j < len(b):
+    lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+    total += max(hi - lo, 0)
+    if a[i][1] < b[j][1]:
+      i += 1
+    else:
+      j += 1
+  return total
+
+
+def _device_events(xspace_path: str) -> dict[int, list[tuple[str, float, float]]]:
+  """{local device ordinal: [(class, start_s, end_s)]}, class 'compute', 'wait' or a collective kind."""
+  from jax.profiler import ProfileData
+
+  events: dict[int, list] = {}
+  for plane in ProfileData.from_file(xspace_path).planes:
+    device = _DEVICE_PLANE.search(plane.name)
+    for line in plane.lines:
+      if device and line.name != "XLA Ops":
+        continue
+      current = None  # The op event a Rendezvous event on this CPU thread falls in: (device, end).
+      for e in sorted(line.events, key=lambda e: e.start_ns):
+        start, end = e.start_ns / 1e9, (e.start_ns + e.duration_ns) / 1e9
+        if device:
+          events.setdefault(int(device[1]), []).append((collective_kind(e.name) or "compute", start, end))
+          continue
+        stats = dict(e.stats)
+        if "hlo_op" in stats and "device_ordinal" in stats:
+          ordinal = int(stats["device_ordinal"])
+          events.setdefault(ordinal, []).append(
+            (collective_kind(str(stats["hlo_op"])) or "compute", start, end)
+          )
+          current = (ordinal, end)
+        elif e.name in _WAIT_EVENTS and current and start < current[1]:
+          events[current[0]].append(("wait", start, min(end, current[1])))
+  return events
+
+
+def split(xspace_path: str, steps: int) -> dict:
+  """Per device (global id) and on average, seconds per step: compute, each collective kind, wait
+  and idle, which sum to the window's span; with a note on what this backend's trace can show."""
+  by_ordinal = _device_events(xspace_path)
+  local = jax.local_devices()
+  if not by_ordinal:
+    return {"note": "the trace has no per-device op events: this backend records no XLA ops in it"}
+  spans = [t for evs in by_ordinal.values() for _, s, e in evs for t in (s, e)]
+  span = max(spans) - min(spans)
+  devices = {}
+  for ordinal, evs in sorted(by_ordinal.items()):
+    wait = _union([(s, e) for c, s, e in evs if c == "wait"])
+    row = {"wait_s": _length(wait) / steps}
+    taken = wait
+    for kind in KINDS:
+      mine = _union([(s, e) for c, s, e in evs if c == kind])
+      if mine:
+        row[f"{kind}_s"] = (_length(mine) - _overlap(mine, taken)) / steps
+        taken = _union(taken + mine)
+    compute = _union([(s, e) for c, s, e in evs if c == "compute"])
+    row["compute_s"] = (_length(compute) - _overlap(compute, taken)) / steps
+    busy = _union(taken + compute)
+    row["idle_s"] = (span - _length(busy)) / steps
+    device = local[ordinal].id if ordinal < len(local) else ordinal
+    devices[str(device)] = {k: round(v, 6) for k, v in row.items()}
+  keys = sorted({k for row in devices.values() for k in row})
+  mean = {k: round(sum(r.get(k, 0.0) for r in devices.values()) / len(devices), 6) for k in keys}
+  cpu = jax.devices()[0].platform == "cpu"
+  return {"span_s": round(span / steps, 6), "devices": devices, "mean": mean, "note": CPU_NOTE if cpu else ""}
+
+
+class Window:
+  """Traces steps start_step+1 .. start_step+steps of this run (profile.* keys). The window waits for
+  the devices at both ends, so it holds exactly its steps' work."""
+
+  def __init__(self, profile_config, workdir: str, first_step: int):
+    self.first, self.steps = profile_config.start_step, profile_config.steps
+    self.on = self.steps > 0 and self.first >= first_step
+    self.directory = os.path.join(workdir, "profile", f"process_{jax.process_index()}")
+    self.active = False
+
+  def maybe_start(self, step: int, state) -> float:
+    """With `step` steps done: starts the trace if the window begins here; returns the seconds taken."""
+    if not (self.on and step == self.first):
+      return 0.0
+    t0 = time.time()
+    jax.block_until_ready(state)
+    jax.profiler.start_trace(self.directory)
+    self.active = True
+    return time.time() - t0
+
+  def annotation(self, step: int):
+    return (
+      jax.profiler.StepTraceAnnotation("train", step_num=step) if self.active else contextlib.nullcontext()
+    )
+
+  def maybe_stop(self, step: int, state) -> tuple[dict | None, float]:
+    """After `step`: at the window's end, stops the trace and reads it back: (row, seconds taken)."""
+    if not (self.active and step == self.first + self.steps):
+      return None, 0.0
+    t0 = time.time()
+    jax.block_until_ready(state)
+    jax.profiler.stop_trace()
+    self.active = False
+    path = max(
+      glob.glob(os.path.join(self.directory, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime
+    )
+    row = {"step": step, "time": time.time(), "event": "profile", "steps": [self.first + 1, step]}
+    row.update(trace=path, **split(path, self.steps))
+    return row, time.time() - t0
+
+
+def table(rows: dict[int, dict], label: str) -> list[str]:
+  """The console table: one line per process, seconds per step averaged over its devices."""
+  kinds = [
+    k
+    for k in ("compute_s", *(f"{k}_s" for k in KINDS), "wait_s", "idle_s")
+    if any(k in r.get("mean", {}) for r in rows.values())
+  ]
+  first = next(iter(rows.values()))
+  lines = [
+    f"profile of steps {first['steps'][0]}..{first['steps'][1]}, ms per step, mean over each process's "
+    f"devices ({label}):",
+    "process " + " ".join(f"{k[:-2]:>18}" for k in kinds),
+  ]
+  for p, r in sorted(rows.items()):
+    if "mean" not in r:
+      lines.append(f"{p:>7} {r.get('note', '')}")
+      continue
+    lines.append(f"{p:>7} " + " ".join(f"{1e3 * r['mean'].get(k, 0.0):>18.2f}" for k in kinds))
+  if first.get("note"):
+    lines.append(f"note: {first['note']}")
+  return lines
+
+
+def print_table(row: dict, timeout_s: float, label: str) -> None:
+  """Every process's split of the profile window, as one table on process 0's console."""
+  rows = multihost.gather("profile", {k: v for k, v in row.items() if k != "devices"}, timeout_s)
+  for line in table(rows, label):
+    console(line)
