@@ -102,6 +102,16 @@ def run_main(*args, timeout=300, env=None):
   )
 
 
+def valid_png(path) -> bool:
+  """A PNG that decodes to a picture of some size (not only a file that exists)."""
+  import matplotlib.image
+
+  with open(path, "rb") as f:
+    if f.read(8) != b"\x89PNG\r\n\x1a\n":
+      return False
+  return min(matplotlib.image.imread(path).shape[:2]) >= 100
+
+
 @pytest.fixture
 def config_factory():
   return tiny_config

@@ -38,7 +38,7 @@ def _files(root):
 
 def test_fork_trains_and_verifies_and_touches_nothing_else(tmp_path):
   copy = tmp_path / "repo"
-  ignore = shutil.ignore_patterns(".git", ".venv", "__pycache__", "runs", "datasets", "*.egg-info")
+  ignore = shutil.ignore_patterns(".git", ".venv*", "__pycache__", "runs", "datasets", "*.egg-info")
   shutil.copytree(REPO, copy, ignore=ignore)
   before = _files(copy)
   run = lambda *argv: subprocess.run(argv, cwd=copy, capture_output=True, text=True, timeout=300)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, TINY_FLAGS, read_jsonl
+from tests.conftest import REPO, TINY_FLAGS, read_jsonl, valid_png
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,8 @@ def _outcome(workdir):
     summary = {
       k: v
       for k, v in json.load(f).items()
-      if k not in ("wall_s", "compile_s", "startup_s", "tokens_trained_this_run")
+      if k
+      not in ("wall_s", "compile_s", "startup_s", "tokens_trained_this_run", "goodput", "tflops_per_device")
     }
   evals = [{k: v for k, v in r.items() if k != "time"} for r in rows if "eval_loss" in r]
   return {r["step"]: r["loss"] for r in rows if "loss" in r}, evals, summary
@@ -157,6 +158,23 @@ def test_sigkill_mid_step_mid_save_and_in_the_final_save_resumes_exactly(tmp_pat
   assert "resumed from checkpoint" in out
   assert not _saving(workdir)  # The killed save's partial directory was cleaned, never restored.
   _assert_exact_continuation(workdir, straight)
+  # The rerun trained the steps after checkpoint 20 again: its goodput counts them as lost, and its
+  # categories add up to its wall time.
+  with open(os.path.join(workdir, "summary.json")) as f:
+    split = json.load(f)["goodput"]
+  assert split["lost_to_restarts"] > 0 and split["productive_steps"] == 0, split
+  assert abs(split["unaccounted_s"]) <= 0.02 * split["wall_s"], split
+  # The plots of a run resumed three times.
+  from trainer import report
+
+  written = report.main([f"--workdir={workdir}"])
+  assert sorted(os.path.basename(p) for p in written) == [
+    "goodput.png",
+    "loss.png",
+    "step_time.png",
+    "throughput.png",
+  ]
+  assert all(valid_png(p) for p in written)
 
 
 def test_sigint_saves_and_exits_zero_and_a_second_signal_mid_save_is_harmless(tmp_path, straight):

@@ -37,17 +37,13 @@ PADDED = ["--config.data.num_examples=68"]
 def five_steps(tmp_path_factory):
   """A 5-step run in two processes of 4 devices, and one in a single process of 8. 68 records: the
   last batch of the epoch (step 5) has 4 valid rows of 16, so one process's rows are all padding.
-  Process 1 is slow to read each batch (a straggler), and steps 2..3 are profiled."""
+  The two processes' mesh is hybrid: its data axis runs across them (DCN), fsdp x tensor within each
+  (ICI). Process 1 is slow to read each batch (a straggler), and steps 2..3 are profiled."""
   two, one = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("one")
+  hybrid = ["--config.mesh.dcn_data=2", "--config.mesh.data=1"]
   profile = ["--config.profile.start_step=1", "--config.profile.steps=2"]
-  result = _main_two(
-    two,
-    "read=0.4/p1",
-    "--config.steps=5",
-    *profile,
-    *PADDED,
-    launcher_flags=["--main=tests/main_with_pauses.py"],
-  )
+  pauses = {"launcher_flags": ["--main=tests/main_with_pauses.py"]}
+  result = _main_two(two, "read=0.4/p1", "--config.steps=5", *hybrid, *profile, *PADDED, **pauses)
   assert result.returncode == 0, result.stdout + result.stderr
   single = _main_single(one, "--config.steps=5", *PADDED)
   assert single.returncode == 0, single.stdout + single.stderr
@@ -59,7 +55,7 @@ def test_two_processes_train_like_one(five_steps):
   two, one, result = five_steps
   assert all(line.startswith(("[p0] ", "[p1] ")) for line in result.stdout.splitlines()), result.stdout
   assert all(line.startswith(("[p0] ", "[p1] ", "[launch] ")) for line in result.stderr.splitlines())
-  assert "[p0] step 5/5" in result.stdout
+  assert "[p0] step 5/5" in result.stdout and "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in result.stdout
   assert (two / "processes" / "process_0.jsonl").exists()
   assert (two / "processes" / "process_1.jsonl").exists()
   _assert_close(train_losses(str(two)), train_losses(str(one)), range(1, 6))

@@ -24,6 +24,8 @@ VOLATILE = (
   "compile_s",
   "startup_s",
   "tokens_trained_this_run",
+  "goodput",
+  "tflops_per_device",
 )  # Of this run, not of the trained model.
 
 

@@ -10,14 +10,17 @@ import optax
 import pytest
 
 from experiments import lm
-from tests.conftest import TINY_FLAGS, run_main, tiny_config
+from tests.conftest import run_main, tiny_config
 from trainer.verify import verify
 
 PROPERTIES = ("additivity", "padding_inert", "one_division", "device_count")
 
 
 def test_verify_cli_prints_every_property_and_passes(tmp_path):
-  result = run_main("--mode=verify", f"--workdir={tmp_path}", "--cpu_devices=8", *TINY_FLAGS)
+  """The LM's smoke config on its (2, 2, 2) mesh with 2 microbatches: test_configs.py's verify of
+  every other experiment, through main.py."""
+  flags = ["--config=configs/smoke_cpu.py:tiny", "--config.microbatches=2"]
+  result = run_main("--mode=verify", f"--workdir={tmp_path}", "--cpu_devices=8", *flags)
   assert result.returncode == 0, result.stderr
   out = result.stdout
   assert "logical CPU devices" in out and "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out
@@ -30,6 +33,7 @@ def test_verify_cli_prints_every_property_and_passes(tmp_path):
   with open(os.path.join(tmp_path, "verify.json")) as f:
     report = json.load(f)
   assert report["verdict"] == "PASS" and report["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert report["microbatches"] == 2
   assert report["compute_dtype"] == "float32" and report["tolerance"] == {
     "loss_relative": 1e-5,
     "norm_ratio": 1e-3,
@@ -58,11 +62,6 @@ def _mean_of_microbatch_means(model, batch, rng):  # Each call (one microbatch) 
   return jnp.sum(xent * w) / jnp.sum(w), jnp.float32(1.0), {}
 
 
-def _normalized_by_batch_size(model, batch, rng):
-  xent, w = _xent(model, batch)
-  return jnp.sum(xent * w) / w.shape[0], jnp.sum(w), {}
-
-
 def _scaled_by_devices(model, batch, rng):  # What summing per-device means does.
   xent, w = _xent(model, batch)
   return jnp.sum(xent * w) * jax.sharding.get_abstract_mesh().size, jnp.sum(w), {}
@@ -74,7 +73,6 @@ def _scaled_by_devices(model, batch, rng):  # What summing per-device means does
     (_counts_padding, "padding_inert"),
     (_local_mean, "additivity"),
     (_mean_of_microbatch_means, "additivity"),
-    (_normalized_by_batch_size, "additivity"),
     (_scaled_by_devices, "device_count"),
   ],
   ids=lambda x: getattr(x, "__name__", x),
