@@ -110,6 +110,7 @@ def plot(rows: list[dict], label: str, unit: str, path: str, predicted: str | No
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
 
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
   for key in sorted({(r["strategy"], r["mode"]) for r in rows}):
@@ -119,16 +120,17 @@ def plot(rows: list[dict], label: str, unit: str, path: str, predicted: str | No
     right.plot(w, [r["efficiency"] for r in mine], "o-", color=line.get_color(), label=f"{key[0]}, {key[1]}")
     if predicted:
       right.plot(w, [r["predicted_efficiency"] for r in mine], "--", color=line.get_color(), alpha=0.7)
-  left.set(
-    xlabel="devices (W)", ylabel=f"{unit}/s", title="throughput (measured)", xscale="log", yscale="log"
-  )
-  eff_title = "efficiency = thr_W / (W thr_1)" + (f"; dashed: PREDICTED at {predicted}" if predicted else "")
-  right.set(xlabel="devices (W)", ylabel="efficiency", title=eff_title, xscale="log", ylim=(0, 1.2))
+  if predicted:
+    right.plot([], [], "k--", alpha=0.7, label=f"PREDICTED, not measured:\n{predicted}")
+  left.set(xlabel="devices (W)", ylabel=f"{unit}/s", title="throughput (measured)", xscale="log")
+  left.set_yscale("log")
+  right.set(xlabel="devices (W)", ylabel="efficiency", title="efficiency = thr_W / (W x thr_1)", xscale="log")
+  right.set_ylim(0, 1.2)
   right.axhline(1.0, color="grey", lw=0.8)
+  ticks = sorted({r["devices"] for r in rows})
   for ax in (left, right):
-    ax.set_xticks(
-      sorted({r["devices"] for r in rows}), labels=[str(x) for x in sorted({r["devices"] for r in rows})]
-    )
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xticks(ticks, labels=[str(x) for x in ticks])
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
   fig.suptitle(label, fontsize=10)
@@ -146,7 +148,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--out", default="runs/scaling")
   parser.add_argument(
-    "--cpu_devices", type=int, default=None, help="logical CPU devices (default: max --devices)"
+    "--cpu_devices", type=int, default=None, help="logical CPU devices (default: the largest --devices)"
   )
   parser.add_argument("--bandwidth_gbps", type=float, default=None, help="predict for this per-device GB/s")
   parser.add_argument("--straggler_s", type=float, default=0.0, help="prediction: seconds lost per step")

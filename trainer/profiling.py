@@ -1,8 +1,9 @@
 """The profile window: a JAX profiler trace of a few steps on every process, read back into where each
 device's time went: compute, each collective kind, waiting for peers inside a collective, and idle.
 
-The trace (WORKDIR/profile/process_I/plugins/profile/*/HOST.xplane.pb) opens in TensorBoard's
-profile plugin (`tensorboard --logdir WORKDIR/profile`) or in Perfetto. Reading it back uses
+The trace (WORKDIR/profile/process_I/plugins/profile/*/HOST.xplane.pb, and HOST.trace.json.gz beside
+it) opens in TensorBoard's profile plugin (`tensorboard --logdir WORKDIR/profile`, with the
+tensorboard-plugin-profile package) or, the .json.gz, in ui.perfetto.dev. Reading it back uses
 jax.profiler.ProfileData: op events carry their HLO op name, and their device:
 - XLA:CPU: on the host plane, every executed op ("thunk") has `hlo_op` and `device_ordinal` stats,
   and a collective's wait for the other devices is a `Rendezvous` event inside it (shown apart as
