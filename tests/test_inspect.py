@@ -179,3 +179,23 @@ def test_remat_and_a_chunked_loss_lower_the_compiled_steps_memory():
   scanned = temp_bytes(**{"model.scan_layers": True})
   assert temp_bytes(**{"model.scan_layers": True, "model.remat": "full"}) < 0.8 * scanned
   assert temp_bytes(**{"model.scan_layers": True, "model.loss_chunk": 8}) < 0.7 * scanned
+
+
+def test_device_kinds_map_to_their_peak_and_memory():
+  from trainer import hardware
+
+  names = {
+    "NVIDIA H100 80GB HBM3": "NVIDIA H100 SXM",
+    "NVIDIA H100 PCIe": "NVIDIA H100 PCIe",
+    "NVIDIA H200": "NVIDIA H200",
+    "NVIDIA A100-SXM4-40GB": "NVIDIA A100 40GB",
+    "NVIDIA A100-SXM4-80GB": "NVIDIA A100 80GB",
+    "NVIDIA B200": "NVIDIA B200",
+    "TPU v5 lite": "TPU v5e",
+    "TPU v5": "TPU v5p",
+    "TPU v6 lite": "TPU v6e",
+  }
+  assert {kind: hardware.for_device_kind(kind).name for kind in names} == names
+  assert hardware.for_device_kind("cpu") is None and hardware.by_name("H200").memory_bytes == 141e9
+  assert hardware.mfu(494.5e12, "NVIDIA H100 80GB HBM3", "gpu") == 0.5
+  assert hardware.mfu(1e12, "cpu", "cpu") is None
