@@ -43,11 +43,11 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
 )
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str, code: int = 2) -> None:
   print(f"error: {msg}", file=sys.stderr, flush=True)
   if (runtime := sys.modules.get("trainer.runtime")) is not None:
-    runtime.exit_now_if_joined(2)  # Not to wait at JAX's shutdown barrier for peers blocked on this one.
-  sys.exit(2)
+    runtime.exit_now_if_joined(code)  # Not to wait at JAX's shutdown barrier for peers blocked on it.
+  sys.exit(code)
 
 
 def _interrupted(e: interrupts.Interrupted) -> None:
@@ -130,7 +130,7 @@ def main(argv):
   except interrupts.Interrupted as e:
     _interrupted(e)
   except UserError as e:
-    _fail(str(e))
+    _fail(str(e), code=getattr(e, "exit_code", 2))
   except OSError as e:  # An unwritable or misplaced --workdir, a missing data file.
     _fail(f"{e.filename or ''}: {e.strerror or e}")
 

@@ -58,6 +58,7 @@ def get_config(arg=None):
   c.optimizer.learning_rate = 3e-4
   c.optimizer.warmup_steps = 2_000
   c.checkpoint.every = 1_000
+  c.checks.replica_every = 500  # And before every save: a device that computes wrong stops the run.
   c.checkpoint.keep_every = 10_000
   c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.compile_timeout_s = 1_200.0

@@ -19,6 +19,7 @@ from trainer import (
   model_flops,
   multihost,
   profiling,
+  replicas,
   resume_policy,
   straggler,
 )
@@ -259,14 +260,20 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
         device_wait_s = time.time() - t1
       saving_s = eval_s = 0.0
+      every = config.checks.replica_every
+      if every and (step % every == 0 or save_now):  # Before saving: never save a state that differs.
+        t2 = time.time()
+        replicas.check(state, comp.mesh, step)
+        saving_s = time.time() - t2  # Counted with checkpoint blocking: it guards the save.
+        ledger.add("checkpoint_blocking", saving_s)
       if save_now:
         watchdog.beat("checkpoint", step)
         t3 = time.time()
         position = checkpointing.data_position(step, batch_offset, comp, rollbacks)
         ckpt.save(step, state, position, config, meta)  # Async: the write goes on in the background.
-        saving_s = time.time() - t3
-        window.checkpoint += saving_s
-        ledger.add("checkpoint_blocking", saving_s)
+        window.checkpoint += time.time() - t3
+        ledger.add("checkpoint_blocking", time.time() - t3)
+        saving_s += time.time() - t3
       if log_now:
         row, process_row = window.close(step, metrics, device_wait_s)
         row["batch"] = t  # The data position this step trained on: checkable after any restart.
