@@ -15,10 +15,22 @@ processes still running --grace_s seconds after the first) does it exit 128 + N,
 
 A process in a jax.distributed job does not die of SIGTERM: JAX's preemption service catches it
 and only a training loop that polls `multihost_utils.reached_preemption_sync_point` acts on it.
+
+`--max_restarts=N` relaunches the whole job (on a new port, after `--restart_backoff_s`) when it
+failed, up to N times; main.py resumes from the newest checkpoint. One line per restart names the
+cause, the process and the checkpoint. Exit codes decide (EXIT_CODES): a user error (2) or a device
+that computed wrong (4) never restarts, nor does a job the launcher was told to stop. With
+`--min_processes=K` (`--elastic`: K = 1) a slot that fails again before the job's first step, after
+a restart, is dropped: the job continues on the other processes with the same global batch (the data
+order is a function of the step) and the checkpoint is resharded onto the smaller mesh, which needs a
+mesh axis of -1 (else main.py's error says why). Each restarted process gets LAUNCH_RECOVERY (JSON:
+the restart, its cause and when the job went down and came back), from which main.py records the
+time to recover by phase.
 """
 
 import argparse
 import ctypes
+import json
 import os
 import queue
 import re
@@ -28,6 +40,9 @@ import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from restart_policy import NEVER_RESTART, cause, newest_checkpoint, trained_since  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -135,6 +150,9 @@ class Job:
     self.outputs: list[_Output] = []
     self.signalled: int | None = None
     self.killed = False  # Whether the launcher sent SIGKILL to a process it saw running.
+    # The first process to fail: (index, its return code, when the launcher saw it exit).
+    self.first_failure: tuple[int, int, float] | None = None
+    self.ended_at: float | None = None  # When the last process had exited.
 
   def start(self) -> None:
     for i, argv in enumerate(self.argv_per_process):
@@ -202,11 +220,13 @@ class Job:
       code = self.procs[i].returncode
       if code != 0 and failure is None:
         failure = (i, 128 - code if code < 0 else code)  # Killed by signal N: the shell's 128 + N.
+        self.first_failure = (i, code, time.time())
         # After a signal the processes are stopping already; a failure alone stops the others.
         running = self._running() if self.signalled is None else []
         _log(f"process {i} exited with code {code}" + (f"; stopping {running}" if running else ""))
         if running:
           self.kill_all(signal.SIGTERM)
+    self.ended_at = time.time()
     for out in self.outputs:
       out.thread.join(timeout=5)  # A grandchild holding a pipe open must not hang the launcher.
     if (
@@ -235,6 +255,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument(
     "--verbose", action="store_true", help="show every line of output, library chatter included (CHATTER)"
   )
+  parser.add_argument("--max_restarts", type=int, default=0, help="relaunch a failed job up to N times")
+  parser.add_argument("--restart_backoff_s", type=float, default=1.0, help="seconds before a relaunch")
+  parser.add_argument(
+    "--min_processes", type=int, default=None, help="drop a slot that cannot come back, down to K processes"
+  )
+  parser.add_argument("--elastic", action="store_true", help="--min_processes=1")
   if "--" in argv:
     cut = argv.index("--")
     own, main_flags = argv[:cut], argv[cut + 1 :]
@@ -247,6 +273,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.error(f"--cpu_devices={args.cpu_devices}: must be at least 1")
   if args.grace_s < 0:
     parser.error(f"--grace_s={args.grace_s}: must not be negative")
+  if args.max_restarts < 0 or args.restart_backoff_s < 0:
+    parser.error("--max_restarts and --restart_backoff_s must not be negative")
+  args.min_processes = 1 if args.elastic else (args.min_processes or args.processes)
+  if not 1 <= args.min_processes <= args.processes:
+    parser.error(f"--min_processes={args.min_processes}: must be between 1 and --processes={args.processes}")
   reserved = ("--coordinator_address", "--num_processes", "--process_id", "--cpu_devices")
   for flag in main_flags:
     if flag.split("=", 1)[0] in reserved:
@@ -257,35 +288,72 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   return args
 
 
-def main(argv: list[str]) -> int:
-  args = parse_args(argv)
-  port = args.port or free_port()
-  env = dict(os.environ)
-  for key, value in CHILD_ENV_DEFAULTS.items():
-    env.setdefault(key, value)
-  env["PYTHONUNBUFFERED"] = "1"  # Lines arrive as they are printed, not when a buffer fills.
-  # Only the loopback interface: nothing outside this machine can reach the coordinator.
-  env["JAX_COORDINATOR_BIND_ADDRESS"] = f"127.0.0.1:{port}"
-  argv_per_process = [
+def _argv(args, processes: int, port: int) -> list[list[str]]:
+  return [
     [
       sys.executable,
       args.main,
       f"--coordinator_address=127.0.0.1:{port}",
-      f"--num_processes={args.processes}",
+      f"--num_processes={processes}",
       f"--process_id={i}",
       f"--cpu_devices={args.cpu_devices}",
       *args.main_flags,
     ]
-    for i in range(args.processes)
+    for i in range(processes)
   ]
-  job = Job(argv_per_process, env, args.grace_s, keep_all=args.verbose)
-  for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, job.on_signal)
-  try:
-    job.start()
-    return job.wait()
-  finally:
-    job.kill_all(signal.SIGKILL)  # Only reached with live processes if the launcher itself failed.
+
+
+def _workdir(main_flags: list[str]) -> str | None:
+  return next((f.split("=", 1)[1] for f in main_flags if f.startswith("--workdir=")), None)
+
+
+def main(argv: list[str]) -> int:
+  args = parse_args(argv)
+  env = dict(os.environ)
+  for key, value in CHILD_ENV_DEFAULTS.items():
+    env.setdefault(key, value)
+  env["PYTHONUNBUFFERED"] = "1"  # Lines arrive as they are printed, not when a buffer fills.
+  env.pop("LAUNCH_RECOVERY", None)
+  workdir, processes, restarts = _workdir(args.main_flags), args.processes, 0
+  last_slot = None  # The slot that failed first in the previous attempt.
+  while True:
+    port = args.port or free_port()
+    # Only the loopback interface: nothing outside this machine can reach the coordinator.
+    env["JAX_COORDINATOR_BIND_ADDRESS"] = f"127.0.0.1:{port}"
+    job = Job(_argv(args, processes, port), env, args.grace_s, keep_all=args.verbose)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(sig, job.on_signal)
+    started = time.time()
+    try:
+      job.start()
+      code = job.wait()
+    finally:
+      job.kill_all(signal.SIGKILL)  # Only reached with live processes if the launcher itself failed.
+    if code == 0 or job.signalled is not None or job.first_failure is None:
+      return code
+    slot, raw, died_at = job.first_failure
+    if raw in NEVER_RESTART or restarts >= args.max_restarts:
+      if args.max_restarts and raw not in NEVER_RESTART:
+        _log(f"giving up after {restarts} restarts: process {slot} {cause(raw)}")
+      elif args.max_restarts:
+        _log(f"not restarting: process {slot} {cause(raw)}")
+      return code
+    restarts += 1
+    dropped = ""
+    if slot == last_slot and processes > args.min_processes and not trained_since(workdir, started):
+      processes -= 1  # The slot failed again, before the job's first step: continue without it.
+      dropped = f"; slot {slot} did not come back: continuing on {processes} processes"
+    last_slot = None if dropped else slot
+    step = newest_checkpoint(workdir)
+    resume = f"checkpoint {step}" if step is not None else "the start (no checkpoint yet)"
+    _log(
+      f"restart {restarts}/{args.max_restarts}: process {slot} {cause(raw)}{dropped}; resuming from "
+      f"{resume} in {args.restart_backoff_s:g} s"
+    )
+    time.sleep(args.restart_backoff_s)
+    recovery = {"restart": restarts, "cause": cause(raw), "process": slot, "processes": processes}
+    recovery.update(died_at=died_at, ended_at=job.ended_at, relaunched_at=time.time())
+    env["LAUNCH_RECOVERY"] = json.dumps(recovery)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ These tests run the launcher on a stub program (prefixes, arguments, exit codes,
 tests/test_local_launcher_main.py runs main.py in several processes.
 """
 
+import json
 import os
 import queue
 import re
@@ -52,6 +53,10 @@ STUB = f"CHATTER = {CHATTER!r}\n" + textwrap.dedent(
   print(f"hello from {me}")
   print(f"warning from {me}", file=sys.stderr, end="")  # No newline: the launcher adds one.
   sys.stderr.flush()
+  if act.startswith("once"):  # Fails with code N in the first launch only (a restart has LAUNCH_RECOVERY).
+    act = "ok" if os.environ.get("LAUNCH_RECOVERY") else "exit" + act[4:]
+  if os.environ.get("LAUNCH_RECOVERY"):
+    print("recovery", os.environ["LAUNCH_RECOVERY"])
   if act.startswith("exit"):
     time.sleep(0.5)
     sys.exit(int(act[4:]))
@@ -288,10 +293,54 @@ def test_library_chatter_is_dropped_unless_everything_is_asked_for(stub):
   assert run(main_flags=["--verbosity=0"]) == [["before", *CHATTER, merged, "after"]] * 2
 
 
+def test_a_failed_job_is_relaunched_and_a_user_error_or_the_restart_budget_ends_it(stub, tmp_path):
+  flags = ["--processes=2", "--cpu_devices=1", "--restart_backoff_s=0", f"--main={stub}"]
+  result = _launch(*flags, "--max_restarts=2", "--", "--act_1=once7", f"--workdir={tmp_path}", tag=stub)
+  assert result.returncode == 0, result.stderr
+  launch = _lines(result.stderr, "[launch] ")
+  assert len(launch) == 2 and launch[0].startswith("process 1 exited with code 7"), launch
+  assert (
+    launch[1]
+    == "restart 1/2: process 1 exited with code 7; resuming from the start (no checkpoint yet) in 0 s"
+  )
+  (recovery,) = {line for line in _lines(result.stdout, "[p0] recovery ")}
+  info = json.loads(recovery)
+  assert (
+    info["restart"] == 1
+    and info["process"] == 1
+    and info["died_at"] <= info["ended_at"] <= info["relaunched_at"]
+  )
+  # A user error (2) never restarts; a failure past the budget gives up, saying so.
+  result = _launch(*flags, "--max_restarts=2", "--", "--act_1=exit2", tag=stub)
+  assert (
+    result.returncode == 2
+    and "[launch] not restarting: process 1 exited with code 2 (a user error" in result.stderr
+  )
+  result = _launch(*flags, "--max_restarts=1", "--", "--act_1=exit5", tag=stub)
+  assert (
+    result.returncode == 5
+    and "[launch] giving up after 1 restarts: process 1 exited with code 5" in result.stderr
+  )
+
+
+def test_elastic_drops_a_slot_that_fails_again_before_any_step(stub, tmp_path):
+  flags = ["--processes=2", "--cpu_devices=1", "--restart_backoff_s=0", "--max_restarts=3", "--elastic"]
+  result = _launch(*flags, f"--main={stub}", "--", "--act_1=exit1", f"--workdir={tmp_path}", tag=stub)
+  assert result.returncode == 0, result.stderr
+  restarts = [line for line in _lines(result.stderr, "[launch] ") if line.startswith("restart")]
+  assert restarts == [
+    "restart 1/3: process 1 exited with code 1; resuming from the start (no checkpoint yet) in 0 s",
+    "restart 2/3: process 1 exited with code 1; slot 1 did not come back: continuing on 1 processes; "
+    "resuming from the start (no checkpoint yet) in 0 s",
+  ]
+  assert _lines(result.stdout, "[p1] hello from ") == ["1", "1"]  # Twice, then never again.
+
+
 @pytest.mark.parametrize(
   "args, fragment",
   [
     (["--processes=0", "--cpu_devices=1"], "--processes=0"),
+    (["--processes=2", "--cpu_devices=1", "--min_processes=3"], "--min_processes=3"),
     (["--processes=2"], "--cpu_devices"),
     (["--processes=2", "--cpu_devices=1", "--", "--process_id=1"], "--process_id is set by the launcher"),
   ],

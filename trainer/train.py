@@ -19,6 +19,7 @@ from trainer import (
   model_flops,
   multihost,
   profiling,
+  recovery,
   replicas,
   resume_policy,
   straggler,
@@ -140,6 +141,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
   if log.trained_before is not None:
     ledger.trained_before = log.trained_before
   profile = profiling.Window(config.profile, workdir, start)
+  restarted = recovery.from_env() if start < last_step else None  # Relaunched by a launcher.
   stragglers_seen = set()
 
   def open_batches(step):
@@ -214,6 +216,11 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
           valid_examples=comp.plan.valid_rows(t),
         )
         ckpt.poll()  # A background save's error surfaces here, at the next step.
+        if restarted and step == start + 1:  # Time to recover: up to this first step's completion.
+          jax.block_until_ready(metrics)
+          row = recovery.row(restarted, started, startup, time.time(), start)  # Kept by later resumes.
+          log.write(row)
+          console(recovery.line(row))
 
         # Same decisions on every process: the step count and the agreed preemption step.
         stop = preemption.should_stop(step)
@@ -346,6 +353,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     "compile_s": compile_s,
     "startup_s": startup,  # imports, build, init or restore, compile.
     "goodput": split,  # Where the wall time went, from process start (trainer/goodput.py).
+    "recoveries": recovery.history(workdir) if jax.process_index() == 0 else [],
     "model_flops_per_step": flops_per_step,
     "compiled_flops_per_step": compiled_flops,  # XLA's count: remat included, a loop's body once.
     "tflops_per_device": speed.get("tflops_per_device"),  # Over this run's steps, all their time.

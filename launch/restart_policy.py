@@ -1,0 +1,56 @@
+"""When a failed job is restarted: what each exit code of main.py means to a launcher or a scheduler,
+and what the run directory says about where a restart resumes. launch/local.py uses it, and
+launch/slurm/train.sbatch and the rendered Kubernetes JobSet follow the same codes.
+
+  0        finished                                    never restart
+  2        a user error (config, data, code)           never restart: it would fail the same way
+  3        the watchdog ended a stuck process          restart
+  4        a device computed wrong (replicas differ)   never restart: take the host out first
+  130/143  interrupted by SIGINT/SIGTERM at start-up    the scheduler's call (a preemption: restart)
+  other    a crash, a lost peer, a kill                restart
+"""
+
+import json
+import os
+import signal
+
+# What an exit code tells a restart policy (main.py's codes; a signal N shows as 128 + N).
+EXIT_CODES = {
+  0: "finished",
+  2: "a user error (config, data or code): fix it; restarting would fail the same way",
+  3: "the watchdog ended a stuck process",
+  4: "a device computed wrong (replicas differ): take its host out before resuming",
+}
+NEVER_RESTART = (0, 2, 4)
+
+
+def cause(code: int) -> str:
+  """'killed by SIGKILL', 'exited with code 1 (...)': a process's end, in words."""
+  if code < 0:
+    return f"killed by {signal.Signals(-code).name}"
+  return f"exited with code {code}" + (f" ({EXIT_CODES[code]})" if code in EXIT_CODES else "")
+
+
+def newest_checkpoint(workdir: str | None) -> int | None:
+  """The newest complete checkpoint step under WORKDIR/checkpoints (a partial save has a suffix)."""
+  try:
+    steps = [int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
+  except (OSError, TypeError):
+    return None
+  return max(steps, default=None)
+
+
+def trained_since(workdir: str | None, since: float) -> bool:
+  """Whether the job logged a train row after `since` (time.time()): it got past start-up."""
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except ValueError:
+          continue
+        if "loss" in row and row.get("time", 0) > since:
+          return True
+  except (OSError, TypeError):
+    pass
+  return False
