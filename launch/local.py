@@ -20,12 +20,13 @@ and only a training loop that polls `multihost_utils.reached_preemption_sync_poi
 failed, up to N times; main.py resumes from the newest checkpoint. One line per restart names the
 cause, the process and the checkpoint. Exit codes decide (EXIT_CODES): a user error (2) or a device
 that computed wrong (4) never restarts, nor does a job the launcher was told to stop. With
-`--min_processes=K` (`--elastic`: K = 1) a slot that fails again before the job's first step, after
-a restart, is dropped: the job continues on the other processes with the same global batch (the data
+`--min_processes=K` (`--elastic`: K = 1) a slot that fails at start-up twice in a row (before the
+job's first step) is dropped: the job continues on the other processes with the same global batch (the data
 order is a function of the step) and the checkpoint is resharded onto the smaller mesh, which needs a
 mesh axis of -1 (else main.py's error says why). Each restarted process gets LAUNCH_RECOVERY (JSON:
 the restart, its cause and when the job went down and came back), from which main.py records the
-time to recover by phase.
+time to recover by phase. With restarts, a failure kills the other processes at once (SIGKILL): they
+cannot take a step or save without their peer, and the relaunch resumes from the last checkpoint.
 """
 
 import argparse
@@ -142,10 +143,15 @@ class Job:
   """The processes of one job: started together, watched together, stopped together."""
 
   def __init__(
-    self, argv_per_process: list[list[str]], env: dict[str, str], grace_s: float, keep_all: bool = False
+    self,
+    argv_per_process: list[list[str]],
+    env: dict[str, str],
+    grace_s: float,
+    keep_all: bool = False,
+    fail_fast: bool = False,
   ):
     self.argv_per_process, self.env, self.grace_s = argv_per_process, env, grace_s
-    self.keep_all = keep_all
+    self.keep_all, self.fail_fast = keep_all, fail_fast
     self.procs: list[subprocess.Popen] = []
     self.outputs: list[_Output] = []
     self.signalled: int | None = None
@@ -225,7 +231,7 @@ class Job:
         running = self._running() if self.signalled is None else []
         _log(f"process {i} exited with code {code}" + (f"; stopping {running}" if running else ""))
         if running:
-          self.kill_all(signal.SIGTERM)
+          self.kill_all(signal.SIGKILL if self.fail_fast else signal.SIGTERM)
     self.ended_at = time.time()
     for out in self.outputs:
       out.thread.join(timeout=5)  # A grandchild holding a pipe open must not hang the launcher.
@@ -315,12 +321,12 @@ def main(argv: list[str]) -> int:
   env["PYTHONUNBUFFERED"] = "1"  # Lines arrive as they are printed, not when a buffer fills.
   env.pop("LAUNCH_RECOVERY", None)
   workdir, processes, restarts = _workdir(args.main_flags), args.processes, 0
-  last_slot = None  # The slot that failed first in the previous attempt.
+  at_startup: dict[int, int] = {}  # Slot -> launches in a row it failed in before the job's first step.
   while True:
     port = args.port or free_port()
     # Only the loopback interface: nothing outside this machine can reach the coordinator.
     env["JAX_COORDINATOR_BIND_ADDRESS"] = f"127.0.0.1:{port}"
-    job = Job(_argv(args, processes, port), env, args.grace_s, keep_all=args.verbose)
+    job = Job(_argv(args, processes, port), env, args.grace_s, args.verbose, fail_fast=args.max_restarts > 0)
     for sig in (signal.SIGINT, signal.SIGTERM):
       signal.signal(sig, job.on_signal)
     started = time.time()
@@ -340,10 +346,11 @@ def main(argv: list[str]) -> int:
       return code
     restarts += 1
     dropped = ""
-    if slot == last_slot and processes > args.min_processes and not trained_since(workdir, started):
-      processes -= 1  # The slot failed again, before the job's first step: continue without it.
+    at_startup = {} if trained_since(workdir, started) else {slot: at_startup.get(slot, 0) + 1}
+    if at_startup.get(slot, 0) >= 2 and processes > args.min_processes:
+      processes -= 1  # The slot failed twice at start-up: continue without it.
+      at_startup = {}
       dropped = f"; slot {slot} did not come back: continuing on {processes} processes"
-    last_slot = None if dropped else slot
     step = newest_checkpoint(workdir)
     resume = f"checkpoint {step}" if step is not None else "the start (no checkpoint yet)"
     _log(

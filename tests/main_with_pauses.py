@@ -15,6 +15,8 @@ wait for it. WHERE is one of:
 - eval: before every evaluation (in the main thread, which a signal handler interrupts and resumes).
 - read: the loop's wait for global batch N (a blocking read that releases the GIL, as a stuck
   filesystem would; the watchdog thread keeps running).
+An item `gone/pI` makes process I exit with code 1 at start-up once the file named by $GONE_MARKER
+exists: a host that cannot come back (tests/test_chaos.py).
 """
 
 import os
@@ -29,12 +31,22 @@ sys.path.insert(0, REPO)
 from data import pipeline  # noqa: E402
 from trainer import checkpointing, components, evaluate, train  # noqa: E402
 
-PAUSES = {}
+PAUSES, GONE = {}, set()
 for item in sys.argv.pop(next(i for i, a in enumerate(sys.argv) if i and not a.startswith("--"))).split(","):
+  if gone := re.fullmatch(r"gone/p(\d+)", item):
+    GONE.add(int(gone.group(1)))
+    continue
   m = re.fullmatch(r"(save|startup|restore|eval|read)=([\d.]+)(?:@(\d+))?(?:/p(\d+))?", item)
   assert m, f"bad pause {item!r}"
   PAUSES[m.group(1)] = (float(m.group(2)), m.group(3) and int(m.group(3)), m.group(4) and int(m.group(4)))
 PROCESS = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--process_id=")), 0)
+
+
+def _startup() -> None:
+  if PROCESS in GONE and os.path.exists(os.environ.get("GONE_MARKER", "/nonexistent")):
+    print(f"gone: process {PROCESS} cannot come back", flush=True)
+    os._exit(1)
+  pause("startup")
 
 
 def pause(where: str, n: int | None = None) -> None:
@@ -74,7 +86,7 @@ def _wrap(module, name, before):
 
 
 checkpointing.Checkpoints.item_handlers = staticmethod(_paused_handlers)
-_wrap(components, "build", lambda *a: pause("startup"))
+_wrap(components, "build", lambda *a: _startup())
 _wrap(train, "evaluate", lambda *a: pause("eval"))
 _wrap(evaluate, "evaluate", lambda *a: pause("eval"))  # --mode=eval's.
 _wrap(checkpointing.Checkpoints, "restore_latest", lambda *a: pause("restore"))

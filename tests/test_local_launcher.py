@@ -323,7 +323,7 @@ def test_a_failed_job_is_relaunched_and_a_user_error_or_the_restart_budget_ends_
   )
 
 
-def test_elastic_drops_a_slot_that_fails_again_before_any_step(stub, tmp_path):
+def test_elastic_drops_a_slot_that_fails_twice_at_start_up(stub, tmp_path):
   flags = ["--processes=2", "--cpu_devices=1", "--restart_backoff_s=0", "--max_restarts=3", "--elastic"]
   result = _launch(*flags, f"--main={stub}", "--", "--act_1=exit1", f"--workdir={tmp_path}", tag=stub)
   assert result.returncode == 0, result.stderr
