@@ -103,12 +103,23 @@ def test_schema_catches_a_broken_manifest(mutate, fragment):
 
 def test_gpu_manifest_conforms_to_the_schemas():
   objects = k8s.render(**BASE)
-  assert [o["kind"] for o in objects] == ["Service", "JobSet"]  # The Service first: apply order.
+  assert [o["kind"] for o in objects] == ["Service", "NetworkPolicy", "JobSet"]  # Apply order.
   for o in objects:
     assert schema.validate_object(o) == []
   [error] = schema.validate_object(json.loads(k8s.to_json(objects)))  # A kind it does not model.
   assert error.startswith("$: no schema for apiVersion='v1' kind='List'")
-  assert [o["kind"] for o in k8s.render(**BASE, service=False)] == ["JobSet"]
+  assert [o["kind"] for o in k8s.render(**BASE, service=False, network_policy=False)] == ["JobSet"]
+
+
+def test_only_the_jobs_own_pods_reach_the_coordinator_port():
+  policy = _by_kind(k8s.render(**BASE, port=1234))["NetworkPolicy"]
+  own = {"podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": BASE.get("name", "train")}}}
+  assert policy["spec"]["podSelector"] == own["podSelector"] and policy["spec"]["policyTypes"] == ["Ingress"]
+  mine, everyone = policy["spec"]["ingress"]
+  assert mine == {"from": [own]}  # Every port, the coordinator's included, from the job's pods.
+  assert "from" not in everyone  # From anywhere: every port but 1234.
+  ranges = {(p["protocol"], p["port"], p["endPort"]) for p in everyone["ports"]}
+  assert ranges == {(proto, lo, hi) for proto in ("TCP", "UDP") for lo, hi in ((1, 1233), (1235, 65535))}
 
 
 @pytest.mark.parametrize("replicas", [1, 3, 16])
@@ -196,7 +207,7 @@ def test_user_error_exit_fails_the_jobset_instead_of_restarting_it():
   [rule] = _job(jobset, "worker")["template"]["spec"]["podFailurePolicy"]["rules"]
   assert rule == {
     "action": "FailJob",
-    "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]},
+    "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 4]},
   }
   [js_rule] = jobset["spec"]["failurePolicy"]["rules"]
   assert js_rule["action"] == "FailJobSet" and js_rule["onJobFailureReasons"] == ["PodFailurePolicy"]

@@ -14,6 +14,9 @@ WORKER_JOB = "worker"
 CONTAINER = "trainer"
 # main.py exits 2 after an `error:` line: bad flags or config, which the next attempt would repeat.
 USER_ERROR_EXIT = 2
+# Exits a restart would repeat (launch/restart_policy.py): a user error, and a device that computed
+# wrong (replicas differ: the same host would again). They fail the JobSet instead of restarting it.
+NO_RESTART_EXITS = [USER_ERROR_EXIT, 4]
 # A run stopped by SIGTERM (preemption) saves and, by default, exits 0: every pod exiting 0 would mark the
 # Job, and the JobSet, "Completed" with steps left. With PREEMPTED_EXIT_CODE set, trainer/run.py exits
 # with that code instead: a failure, which the JobSet answers by restarting every pod, and they resume
@@ -142,7 +145,7 @@ def _user_error_policies(container: str, target_job: str) -> tuple[dict, dict]:
     "rules": [
       {
         "action": "FailJob",
-        "onExitCodes": {"containerName": container, "operator": "In", "values": [USER_ERROR_EXIT]},
+        "onExitCodes": {"containerName": container, "operator": "In", "values": NO_RESTART_EXITS},
       }
     ]
   }

@@ -136,11 +136,35 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
     },
   }
   objects = [jobset]
+  if o.network_policy:
+    objects.insert(0, _coordinator_policy(o.name, o.namespace, o.port))
   if o.service:
     # The JobSet controller creates this headless Service itself when it is missing; rendering it keeps
     # the coordinator's DNS name visible in the manifest and works with JobSet versions that do not.
     objects.insert(0, _headless_service(o.name, o.namespace, o.port))
   return objects
+
+
+def _coordinator_policy(name: str, namespace: str, port: int) -> dict:
+  """Admits the coordinator port only from the job's own pods: JAX's coordination service has no
+  authentication, so anyone who reaches it could join or disturb the job. Every other port stays open
+  as without a policy (NCCL between the pods, a metrics scraper): one rule for the job's pods, one for
+  everyone that leaves out the coordinator's port. Needs a network plugin that enforces policies."""
+  pods = {"podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": name}}}
+  others = [{"port": lo, "endPort": hi} for lo, hi in ((1, port - 1), (port + 1, 65535)) if lo <= hi]
+  return {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "NetworkPolicy",
+    "metadata": {"name": f"{name}-coordinator", "namespace": namespace},
+    "spec": {
+      **pods,
+      "policyTypes": ["Ingress"],
+      "ingress": [
+        {"from": [pods]},
+        {"ports": [{"protocol": p, **r} for p in ("TCP", "UDP") for r in others]},
+      ],
+    },
+  }
 
 
 def _headless_service(name: str, namespace: str, port: int) -> dict:
@@ -178,6 +202,7 @@ def render(
   node_selector: Mapping[str, str] | None = None,
   env: Mapping[str, str] | None = None,
   service: bool = True,
+  network_policy: bool = True,
   tpu: str = "v5e",
   topology: str = "4x4",
   gcs_scratch: str | None = None,
@@ -202,6 +227,8 @@ def render(
   node_selector: GPU: for the worker pods; Pathways: for the head pod (e.g. a CPU node pool).
   env: extra environment variables for main.py's container.
   service: also render the headless Service (GPU); the JobSet controller otherwise creates it.
+  network_policy: also render a NetworkPolicy that admits the coordinator port only from the job's
+    own pods (GPU).
 
   Raises RenderError with a message that says what to change.
   """
@@ -296,6 +323,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--node_selector", action="append", default=[], metavar="KEY=VALUE")
   parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra env for main.py")
   parser.add_argument("--no_service", action="store_true", help="leave the headless Service to JobSet")
+  parser.add_argument(
+    "--no_network_policy", action="store_true", help="no NetworkPolicy guarding the coordinator port"
+  )
   parser.add_argument("--pathways", action="store_true", help="Pathways on GKE TPUs (best effort, untested)")
   parser.add_argument("--tpu", default="v5e", choices=sorted(TPUS), help="--pathways: TPU generation")
   parser.add_argument("--topology", default="4x4", help="--pathways: slice topology, e.g. 4x4 or 2x2x2")
@@ -338,6 +368,7 @@ def main(argv: list[str]) -> int:
       node_selector=node_selector,
       env=env,
       service=not args.no_service,
+      network_policy=not args.no_network_policy,
       tpu=args.tpu,
       topology=args.topology,
       gcs_scratch=args.gcs_scratch,

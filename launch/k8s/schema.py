@@ -296,7 +296,34 @@ SERVICE = obj(
   required=["apiVersion", "kind", "metadata", "spec"],
 )
 
-SCHEMAS = {("jobset.x-k8s.io/v1alpha2", "JobSet"): JOBSET, ("v1", "Service"): SERVICE}
+# --- networking.k8s.io/v1 NetworkPolicy (ingress only)
+LABEL_SELECTOR = obj({"matchLabels": STRING_MAP})
+_PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+NETWORK_POLICY_PORT = obj({"protocol": {"enum": ["TCP", "UDP", "SCTP"]}, "port": _PORT, "endPort": _PORT})
+NETWORK_POLICY_PEER = obj({"podSelector": LABEL_SELECTOR, "namespaceSelector": LABEL_SELECTOR})
+NETWORK_POLICY = obj(
+  {
+    "apiVersion": {"const": "networking.k8s.io/v1"},
+    "kind": {"const": "NetworkPolicy"},
+    "metadata": OBJECT_META,
+    "spec": obj(
+      {
+        "podSelector": LABEL_SELECTOR,  # The pods it applies to.
+        "policyTypes": array({"enum": ["Ingress", "Egress"]}),
+        # Each rule admits traffic from all of its peers (every source when there is no `from`) to its ports.
+        "ingress": array(obj({"from": array(NETWORK_POLICY_PEER), "ports": array(NETWORK_POLICY_PORT)})),
+      },
+      required=["podSelector"],
+    ),
+  },
+  required=["apiVersion", "kind", "metadata", "spec"],
+)
+
+SCHEMAS = {
+  ("jobset.x-k8s.io/v1alpha2", "JobSet"): JOBSET,
+  ("v1", "Service"): SERVICE,
+  ("networking.k8s.io/v1", "NetworkPolicy"): NETWORK_POLICY,
+}
 
 _TYPES = {"object": dict, "array": list, "string": str, "integer": int, "boolean": bool}
 
