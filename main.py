@@ -45,6 +45,12 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
 
 def _fail(msg: str, code: int = 2) -> None:
   print(f"error: {msg}", file=sys.stderr, flush=True)
+  if path := os.environ.get("EXIT_CODE_FILE"):  # For a scheduler that sees only the job's combined code.
+    try:
+      with open(path, "w") as f:
+        f.write(f"{code}\n")
+    except OSError:
+      pass
   if (runtime := sys.modules.get("trainer.runtime")) is not None:
     runtime.exit_now_if_joined(code)  # Not to wait at JAX's shutdown barrier for peers blocked on it.
   sys.exit(code)

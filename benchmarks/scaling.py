@@ -70,6 +70,7 @@ def points(args):
 
   base = load_config(args.config)
   largest = max(args.devices)
+  measured = {}  # (strategy, W, global batch) -> figures: weak and strong share their largest point.
   for strategy in args.strategies:
     for mode in args.modes:
       for w in args.devices:
@@ -79,7 +80,10 @@ def points(args):
         config.mesh.dcn_data = config.mesh.dcn_fsdp = 1
         if mode == "weak":
           config.global_batch_size = max(base.global_batch_size // largest, 1) * w
-        yield strategy, mode, w, config.global_batch_size, measure(config, jax.devices()[:w], args.steps)
+        key = (strategy, w, config.global_batch_size)
+        if key not in measured:
+          measured[key] = measure(config, jax.devices()[:w], args.steps)
+        yield strategy, mode, w, config.global_batch_size, measured[key]
 
 
 def with_efficiency(rows: list[dict]) -> list[dict]:
@@ -148,7 +152,10 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--out", default="runs/scaling")
   parser.add_argument(
-    "--cpu_devices", type=int, default=None, help="logical CPU devices (default: the largest --devices)"
+    "--cpu_devices",
+    type=int,
+    default=None,
+    help="logical CPU devices (default: the largest --devices); 0 on GPUs/TPUs (or set JAX_PLATFORMS)",
   )
   parser.add_argument("--bandwidth_gbps", type=float, default=None, help="predict for this per-device GB/s")
   parser.add_argument("--straggler_s", type=float, default=0.0, help="prediction: seconds lost per step")
@@ -164,7 +171,10 @@ def main(argv=None):
 
   from trainer import runtime
 
-  if not xla_bridge.backends_are_initialized():  # Called from a test, JAX may be up already.
+  # Logical CPU devices unless asked for an accelerator (JAX_PLATFORMS=cuda, or --cpu_devices=0); called
+  # from a test, JAX may be up already.
+  accelerator = args.cpu_devices == 0 or os.environ.get("JAX_PLATFORMS", "cpu").split(",")[0] != "cpu"
+  if not accelerator and not xla_bridge.backends_are_initialized():
     runtime.configure_cpu_devices(args.cpu_devices or max(args.devices))
   from absl import logging
 

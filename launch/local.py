@@ -16,10 +16,11 @@ processes still running --grace_s seconds after the first) does it exit 128 + N,
 A process in a jax.distributed job does not die of SIGTERM: JAX's preemption service catches it
 and only a training loop that polls `multihost_utils.reached_preemption_sync_point` acts on it.
 
-`--max_restarts=N` relaunches the whole job (on a new port, after `--restart_backoff_s`) when it
-failed, up to N times; main.py resumes from the newest checkpoint. One line per restart names the
-cause, the process and the checkpoint. Exit codes decide (EXIT_CODES): a user error (2) or a device
-that computed wrong (4) never restarts, nor does a job the launcher was told to stop. With
+`--max_restarts=N` relaunches the whole job (after `--restart_backoff_s`, on a new port unless
+`--port` fixes it) when it failed, up to N times; main.py resumes from the newest checkpoint. One line
+per restart names the cause, the process and the checkpoint. Exit codes decide
+(launch/restart_policy.py): a user error (2) or a device that computed wrong (4) never restarts, nor
+does a job the launcher was told to stop. With
 `--min_processes=K` (`--elastic`: K = 1) a slot that fails at start-up twice in a row (before the
 job's first step) is dropped: the job continues on the other processes with the same global batch (the data
 order is a function of the step) and the checkpoint is resharded onto the smaller mesh, which needs a
@@ -43,7 +44,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from restart_policy import NEVER_RESTART, cause, newest_checkpoint, trained_since  # noqa: E402
+from restart_policy import NEVER_RESTART, cause, newest_checkpoint, past_startup  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -247,7 +248,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
     prog="launch/local.py",
     description="Run P processes of main.py on 127.0.0.1, joined by jax.distributed.",
-    usage="%(prog)s --processes=P --cpu_devices=D [--grace_s=S] [--verbose] -- MAIN_FLAGS...",
+    usage=(
+      "%(prog)s --processes=P --cpu_devices=D [--grace_s=S] [--verbose] [--max_restarts=N "
+      "[--restart_backoff_s=S] [--elastic | --min_processes=K]] -- MAIN_FLAGS..."
+    ),
   )
   parser.add_argument("--processes", type=int, required=True, help="number of processes (P)")
   parser.add_argument("--cpu_devices", type=int, required=True, help="logical CPU devices per process (D)")
@@ -281,7 +285,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.error(f"--grace_s={args.grace_s}: must not be negative")
   if args.max_restarts < 0 or args.restart_backoff_s < 0:
     parser.error("--max_restarts and --restart_backoff_s must not be negative")
-  args.min_processes = 1 if args.elastic else (args.min_processes or args.processes)
+  if args.elastic and args.min_processes is not None:
+    parser.error("--elastic is --min_processes=1: give one of them")
+  args.min_processes = (
+    1 if args.elastic else (args.processes if args.min_processes is None else args.min_processes)
+  )
   if not 1 <= args.min_processes <= args.processes:
     parser.error(f"--min_processes={args.min_processes}: must be between 1 and --processes={args.processes}")
   reserved = ("--coordinator_address", "--num_processes", "--process_id", "--cpu_devices")
@@ -310,7 +318,27 @@ def _argv(args, processes: int, port: int) -> list[list[str]]:
 
 
 def _workdir(main_flags: list[str]) -> str | None:
-  return next((f.split("=", 1)[1] for f in main_flags if f.startswith("--workdir=")), None)
+  """main.py's --workdir, written `--workdir=DIR` or `--workdir DIR`."""
+  for i, flag in enumerate(main_flags):
+    if flag.startswith("--workdir="):
+      return flag.split("=", 1)[1]
+    if flag == "--workdir" and i + 1 < len(main_flags):
+      return main_flags[i + 1]
+  return None
+
+
+class _Stop:
+  """A signal between two launches (during the back-off): no further launch."""
+
+  signum: int | None = None
+
+  @classmethod
+  def handler(cls, job):
+    def on_signal(signum, frame):
+      cls.signum = cls.signum or signum
+      job.on_signal(signum, frame)
+
+    return on_signal
 
 
 def main(argv: list[str]) -> int:
@@ -328,7 +356,7 @@ def main(argv: list[str]) -> int:
     env["JAX_COORDINATOR_BIND_ADDRESS"] = f"127.0.0.1:{port}"
     job = Job(_argv(args, processes, port), env, args.grace_s, args.verbose, fail_fast=args.max_restarts > 0)
     for sig in (signal.SIGINT, signal.SIGTERM):
-      signal.signal(sig, job.on_signal)
+      signal.signal(sig, _Stop.handler(job))
     started = time.time()
     try:
       job.start()
@@ -346,11 +374,11 @@ def main(argv: list[str]) -> int:
       return code
     restarts += 1
     dropped = ""
-    at_startup = {} if trained_since(workdir, started) else {slot: at_startup.get(slot, 0) + 1}
+    at_startup = {} if past_startup(workdir, slot, started) else {slot: at_startup.get(slot, 0) + 1}
     if at_startup.get(slot, 0) >= 2 and processes > args.min_processes:
       processes -= 1  # The slot failed twice at start-up: continue without it.
       at_startup = {}
-      dropped = f"; slot {slot} did not come back: continuing on {processes} processes"
+      dropped = f"; slot {slot} did not come back: continuing on {processes} processes (renumbered)"
     step = newest_checkpoint(workdir)
     resume = f"checkpoint {step}" if step is not None else "the start (no checkpoint yet)"
     _log(
@@ -358,6 +386,9 @@ def main(argv: list[str]) -> int:
       f"{resume} in {args.restart_backoff_s:g} s"
     )
     time.sleep(args.restart_backoff_s)
+    if _Stop.signum is not None:
+      _log(f"got {signal.Signals(_Stop.signum).name} before the relaunch; not relaunching")
+      return 128 + _Stop.signum
     recovery = {"restart": restarts, "cause": cause(raw), "process": slot, "processes": processes}
     recovery.update(died_at=died_at, ended_at=job.ended_at, relaunched_at=time.time())
     env["LAUNCH_RECOVERY"] = json.dumps(recovery)

@@ -40,16 +40,17 @@ def newest_checkpoint(workdir: str | None) -> int | None:
   return max(steps, default=None)
 
 
-def trained_since(workdir: str | None, since: float) -> bool:
-  """Whether the job logged a train row after `since` (time.time()): it got past start-up."""
+def past_startup(workdir: str | None, process: int, since: float) -> bool:
+  """Whether `process` got past start-up after `since` (time.time()): main.py writes a `start` row to
+  WORKDIR/processes/process_I.jsonl once it has built, restored and compiled."""
   try:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    with open(os.path.join(workdir, "processes", f"process_{process}.jsonl")) as f:
       for line in f:
         try:
           row = json.loads(line)
         except ValueError:
           continue
-        if "loss" in row and row.get("time", 0) > since:
+        if row.get("event") == "start" and row.get("time", 0) > since:
           return True
   except (OSError, TypeError):
     pass

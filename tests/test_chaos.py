@@ -133,6 +133,7 @@ def test_ten_random_kills_and_a_lost_host_leave_the_trajectory_of_an_uninterrupt
   out = "".join(job.lines)
   assert job.proc.returncode == 0, out[-4000:]
   assert "slot 1 did not come back: continuing on 1 processes" in out
+  assert "[launch] restart 1/12: process " in out and " killed by SIGKILL; resuming from " in out
 
   straight = tmp_path / "straight"
   reference = _Job(straight, marker)

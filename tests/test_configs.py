@@ -65,7 +65,7 @@ def test_an_experiment_may_not_redefine_a_trainer_key(monkeypatch):
 
 def _one_config_per_experiment():
   """Each experiment's smoke config (float32: bfloat16's tolerance is checked in test_objective.py).
-  The LM's runs through main.py in tests/test_verify.py (test_verify_cli_prints_every_property_and_passes)."""
+  The LM's runs through main.py in two processes (tests/test_verify.py)."""
   seen = {}
   for path in sorted(CONFIGS, key=lambda p: "smoke" not in os.path.basename(p)):
     seen.setdefault(_load(path).experiment, path)

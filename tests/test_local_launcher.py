@@ -330,7 +330,8 @@ def test_elastic_drops_a_slot_that_fails_twice_at_start_up(stub, tmp_path):
   restarts = [line for line in _lines(result.stderr, "[launch] ") if line.startswith("restart")]
   assert restarts == [
     "restart 1/3: process 1 exited with code 1; resuming from the start (no checkpoint yet) in 0 s",
-    "restart 2/3: process 1 exited with code 1; slot 1 did not come back: continuing on 1 processes; "
+    "restart 2/3: process 1 exited with code 1; slot 1 did not come back: continuing on 1 processes "
+    "(renumbered); "
     "resuming from the start (no checkpoint yet) in 0 s",
   ]
   assert _lines(result.stdout, "[p1] hello from ") == ["1", "1"]  # Twice, then never again.

@@ -26,6 +26,7 @@ VOLATILE = (
   "tokens_trained_this_run",
   "goodput",
   "tflops_per_device",
+  "compiled_flops_per_step",  # A rerun that only finishes the summary compiles no train step.
 )  # Of this run, not of the trained model.
 
 

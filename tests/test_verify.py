@@ -16,32 +16,6 @@ from trainer.verify import verify
 PROPERTIES = ("additivity", "padding_inert", "one_division", "device_count")
 
 
-def test_verify_cli_prints_every_property_and_passes(tmp_path):
-  """The LM's smoke config on its (2, 2, 2) mesh with 2 microbatches: test_configs.py's verify of
-  every other experiment, through main.py."""
-  flags = ["--config=configs/smoke_cpu.py:tiny", "--config.microbatches=2"]
-  result = run_main("--mode=verify", f"--workdir={tmp_path}", "--cpu_devices=8", *flags)
-  assert result.returncode == 0, result.stderr
-  out = result.stdout
-  assert "logical CPU devices" in out and "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out
-  assert "step 2 with 5 valid" in out  # One device's rows partly padding, two devices' only padding.
-  for prop in PROPERTIES:
-    assert any(line.startswith(prop) and "PASS" in line for line in out.splitlines()), prop
-  for group in ("blocks/0/attn", "blocks/0/mlp", "embed", "unembed"):
-    assert f"mesh_vs_one       3  {group} " in out, group
-  assert out.strip().endswith("verify: PASS")
-  with open(os.path.join(tmp_path, "verify.json")) as f:
-    report = json.load(f)
-  assert report["verdict"] == "PASS" and report["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
-  assert report["microbatches"] == 2
-  assert report["compute_dtype"] == "float32" and report["tolerance"] == {
-    "loss_relative": 1e-5,
-    "norm_ratio": 1e-3,
-  }
-  assert {p["name"] for p in report["properties"]} == set(PROPERTIES)
-  assert {r["step"] for r in report["rows"]} == {1, 2, 3} and all(r["pass"] for r in report["rows"])
-
-
 def _xent(model, batch):
   logits = model(batch["inputs"])
   return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]), batch["weights"]
@@ -57,11 +31,6 @@ def _local_mean(model, batch, rng):
   return jnp.mean(xent * w), jnp.float32(1.0), {}
 
 
-def _mean_of_microbatch_means(model, batch, rng):  # Each call (one microbatch) returns its mean.
-  xent, w = _xent(model, batch)
-  return jnp.sum(xent * w) / jnp.sum(w), jnp.float32(1.0), {}
-
-
 def _scaled_by_devices(model, batch, rng):  # What summing per-device means does.
   xent, w = _xent(model, batch)
   return jnp.sum(xent * w) * jax.sharding.get_abstract_mesh().size, jnp.sum(w), {}
@@ -72,7 +41,6 @@ def _scaled_by_devices(model, batch, rng):  # What summing per-device means does
   [
     (_counts_padding, "padding_inert"),
     (_local_mean, "additivity"),
-    (_mean_of_microbatch_means, "additivity"),
     (_scaled_by_devices, "device_count"),
   ],
   ids=lambda x: getattr(x, "__name__", x),
@@ -86,9 +54,9 @@ def test_verify_fails_for_a_classic_fork_mistake_and_names_it(tmp_path, monkeypa
   assert lines[-1].startswith("verify: FAIL (") and broken in lines[-1]
 
 
-# (2, 2, 2) with 2 microbatches: tests/test_configs.py, for every experiment; here one pure data and
-# one pure FSDP mesh, each with the experiment whose other mesh test_configs does not cover.
-@pytest.mark.parametrize("experiment, mesh, microbatches", [("lm", (8, 1, 1), 2), ("vit", (1, 8, 1), 2)])
+# (2, 2, 2) with 2 microbatches: tests/test_configs.py for the ViT, the two-process run below for the LM;
+# here the ViT on a pure FSDP mesh (the LM's pure data and FSDP meshes: tests/test_objective.py).
+@pytest.mark.parametrize("experiment, mesh, microbatches", [("vit", (1, 8, 1), 2)])
 def test_verify_passes_for_the_real_experiments(tmp_path, experiment, mesh, microbatches):
   import runpy
 
@@ -111,20 +79,38 @@ def test_a_globally_empty_data_set_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_verify_passes_in_two_processes_of_four_devices(tmp_path):
-  """verify's multi-process path knows no experiment: the LM's run stands for both (41 s each)."""
-  config = "configs/smoke_cpu.py"
+def test_verify_in_two_processes_prints_every_property_and_passes(tmp_path):
+  """The LM's smoke config on its (2, 2, 2) mesh with 2 microbatches, across two processes of four
+  devices, through main.py: verify's multi-process path (it knows no experiment: the LM stands for
+  every one) and its report."""
   import subprocess
   import sys
 
   from tests.conftest import REPO
 
   launcher = [sys.executable, os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=4"]
-  flags = ["--mode=verify", f"--config={config}:tiny", "--config.microbatches=2", f"--workdir={tmp_path}"]
+  flags = [
+    "--mode=verify",
+    "--config=configs/smoke_cpu.py:tiny",
+    "--config.microbatches=2",
+    f"--workdir={tmp_path}",
+  ]
   result = subprocess.run([*launcher, "--", *flags], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
-  assert "[p0] verify: PASS" in result.stdout and "device_count" in result.stdout
+  out = "\n".join(
+    line.removeprefix("[p0] ") for line in result.stdout.splitlines() if line.startswith("[p0] ")
+  )
+  assert "logical CPU devices" in out and "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out
+  assert "step 2 with 5 valid" in out  # One device's rows partly padding, two devices' only padding.
+  for prop in PROPERTIES:
+    assert any(line.startswith(prop) and "PASS" in line for line in out.splitlines()), prop
+  for group in ("blocks/0/attn", "blocks/0/mlp", "embed", "unembed"):
+    assert f"mesh_vs_one       3  {group} " in out, group
+  assert out.strip().endswith("verify: PASS")
   with open(os.path.join(tmp_path, "verify.json")) as f:
     report = json.load(f)
-  assert report["verdict"] == "PASS" and report["microbatches"] == 2
+  assert report["verdict"] == "PASS" and report["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert report["microbatches"] == 2 and report["compute_dtype"] == "float32"
+  assert report["tolerance"] == {"loss_relative": 1e-5, "norm_ratio": 1e-3}
   assert {p["name"] for p in report["properties"]} == set(PROPERTIES)
+  assert {r["step"] for r in report["rows"]} == {1, 2, 3} and all(r["pass"] for r in report["rows"])

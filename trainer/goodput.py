@@ -4,7 +4,9 @@ Each second the loop spends is measured in one category where it is spent (no ca
 of another): start-up (imports, building, init, opening the data), restore, compile, productive steps,
 data wait (the loop waiting for its next batch), checkpoint blocking (the loop's share of saving: the
 rest is written in the background), evaluation, and steps trained again: `lost_to_restarts` (steps an
-earlier run of this workdir had trained already, known from the `batch` field of its metrics rows)
+earlier run of this workdir had trained already, known from the `batch` field of its metrics rows:
+up to log_every - 1 unlogged steps before a kill count as productive; process 0 knows, the others
+count none)
 and `lost_to_rollbacks` (steps a NaN rollback threw away); and profiling (starting, stopping and
 reading back the profile window's trace). `unaccounted` is the wall time minus their
 sum: a few hundredths at most, or a part of the loop nobody measures.
@@ -42,6 +44,10 @@ class Ledger:
     category = "lost_to_restarts" if batch <= self.trained_before else "productive_steps"
     self.seconds[category] += seconds
     self._steps[step] = (category, seconds)
+
+  def saved(self, step: int) -> None:
+    """A checkpoint at `step`: no rollback goes before it, so earlier steps' records can go."""
+    self._steps = {s: v for s, v in self._steps.items() if s > step}
 
   def discard_after(self, step: int) -> None:
     """A rollback to `step`: the steps after it were trained for nothing."""

@@ -126,11 +126,11 @@ def trip_multipliers(hlo_text: str) -> dict[str, int]:
   calls: dict[str, list[tuple[str, int]]] = {name: [] for name in comps}
   for name, lines in comps.items():
     for line in lines:
-      trips = int(m[1]) if " while(" in line and (m := _TRIP.search(line)) else 1
+      trips = int(m[1]) if " while(" in line and (m := _TRIP.search(line)) else 1  # Unknown: once.
       callees = _CALLEE.findall(line)
       if m := _BRANCHES.search(line):
         callees += [c.strip().lstrip("%") for c in m[1].split(",")]
-      calls[name] += [(c, trips if " while(" in line else 1) for c in callees if c in comps]
+      calls[name] += [(c, trips) for c in callees if c in comps]
   runs = dict.fromkeys(comps, 0)
 
   def visit(name: str, times: int) -> None:
@@ -161,11 +161,8 @@ def collectives(hlo_text: str, mesh) -> list[dict]:
       size = _result_bytes(m["result"], m["kind"], bool(m["start"]))
       group_size = len(group) if group is not None else mesh.devices.size
       key = (m["kind"], tuple(axes))
-      entry = table.setdefault(
-        key,
-        {"kind": m["kind"], "axes": axes, "count": 0, "bytes_per_device": 0, "sent_bytes_per_device": 0.0},
-      )
-      entry.setdefault("in_loops", 0)
+      empty = {"count": 0, "bytes_per_device": 0, "sent_bytes_per_device": 0.0, "in_loops": 0}
+      entry = table.setdefault(key, {"kind": m["kind"], "axes": axes, **empty})
       entry["count"] += runs[name]
       entry["bytes_per_device"] += runs[name] * size
       entry["sent_bytes_per_device"] += runs[name] * sent_bytes(m["kind"], size, group_size)

@@ -30,8 +30,10 @@ def fields(flops_per_step: float | None, step_time_s: float, devices) -> dict:
   return out
 
 
-def mfu_label(devices) -> str:
+def mfu_label(devices, flops_per_step: float | None = None) -> str:
   """What summary.json says where MFU has no meaning."""
   if devices[0].platform == "cpu":
     return "n/a (logical CPU)"
+  if not flops_per_step:
+    return "n/a (no FLOPs count: the experiment has no model_flops_per_example, XLA gave none)"
   return f"n/a (no peak for {devices[0].device_kind!r} in trainer/hardware.py)"

@@ -20,6 +20,13 @@ def client():
 _sequence = itertools.count()
 
 
+class PeerTimeout(UserError):
+  """A peer did not arrive: hung or dead, not the user's mistake. Exit 3, which launchers restart
+  (launch/restart_policy.py), as they do the watchdog's."""
+
+  exit_code = 3
+
+
 def barrier(name: str, timeout_s: float) -> None:
   c = client()
   if c is None:
@@ -27,7 +34,7 @@ def barrier(name: str, timeout_s: float) -> None:
   try:
     c.wait_at_barrier(f"{name}#{next(_sequence)}", int(timeout_s * 1000))
   except Exception as e:  # noqa: BLE001 - the service reports a timeout as a runtime error.
-    raise UserError(f"barrier {name!r}: not every process arrived within {timeout_s:.0f} s ({e})") from None
+    raise PeerTimeout(f"barrier {name!r}: not every process arrived within {timeout_s:.0f} s ({e})") from None
 
 
 def all_agree(name: str, ok: bool, timeout_s: float) -> bool:

@@ -130,8 +130,9 @@ def split(xspace_path: str, steps: int) -> dict:
 
 
 class Window:
-  """Traces steps start_step+1 .. start_step+steps of this run (profile.* keys). The window waits for
-  the devices at both ends, so it holds exactly its steps' work."""
+  """Traces global steps start_step+1 .. start_step+steps (profile.* keys), once: a run resumed past
+  start_step takes none. The window waits for the devices at both ends, so no step outside it is in
+  it; what the loop does between its steps (saving, evaluating, checks) is."""
 
   def __init__(self, profile_config, workdir: str, first_step: int):
     self.first, self.steps = profile_config.start_step, profile_config.steps
@@ -141,7 +142,7 @@ class Window:
 
   def maybe_start(self, step: int, state) -> float:
     """With `step` steps done: starts the trace if the window begins here; returns the seconds taken."""
-    if not (self.on and step == self.first):
+    if not (self.on and not self.active and step == self.first):
       return 0.0
     t0 = time.time()
     jax.block_until_ready(state)
@@ -160,14 +161,21 @@ class Window:
       return None, 0.0
     t0 = time.time()
     jax.block_until_ready(state)
-    jax.profiler.stop_trace()
-    self.active = False
-    path = max(
-      glob.glob(os.path.join(self.directory, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime
-    )
+    self.abort()
     row = {"step": step, "time": time.time(), "event": "profile", "steps": [self.first + 1, step]}
-    row.update(trace=path, **split(path, self.steps))
+    traces = glob.glob(os.path.join(self.directory, "**", "*.xplane.pb"), recursive=True)
+    if traces:  # Every process returns a row, trace or not: each then makes the same gather call.
+      newest = max(traces, key=os.path.getmtime)
+      row.update(trace=newest, **split(newest, self.steps))
+    else:
+      row["note"] = f"the profiler wrote no trace under {self.directory}"
     return row, time.time() - t0
+
+  def abort(self) -> None:
+    """Stops the trace, if one runs, for good: the run ended, or a rollback left the window."""
+    if self.active:
+      jax.profiler.stop_trace()
+    self.active, self.on = False, False
 
 
 def table(rows: dict[int, dict], label: str) -> list[str]:

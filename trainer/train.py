@@ -133,7 +133,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
   devices = list(comp.mesh.devices.flat)
   # MFU's numerator: the experiment's analytic count, else the compiled step's (all devices).
   flops_per_step = model_flops.per_step(comp.experiment, config, state_lib.param_count(state.params))
-  compiled_flops = model_flops.compiled_per_device(train_step) * len(devices) if start < last_step else None
+  per_device = model_flops.compiled_per_device(train_step) if start < last_step else None
+  compiled_flops = per_device * len(devices) if per_device else None
   flops_per_step = flops_per_step or compiled_flops
 
   # --- The loop. Batches are prepared ahead by Grain threads and copied to the devices ahead.
@@ -240,6 +241,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         rollbacks += 1  # Saved with the next checkpoint: a restarted job does not start counting afresh.
         t_rollback = time.time()
         ledger.step(step, t, t_rollback - t_iter - fetch_s - profiled_s)
+        profile.abort()  # The window would count the steps it trains again.
         batches.close()
         ckpt.wait()
         old_offset = batch_offset
@@ -273,6 +275,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         replicas.check(state, comp.mesh, step)
         saving_s = time.time() - t2  # Counted with checkpoint blocking: it guards the save.
         ledger.add("checkpoint_blocking", saving_s)
+        window.checkpoint += saving_s
       if save_now:
         watchdog.beat("checkpoint", step)
         t3 = time.time()
@@ -280,6 +283,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         ckpt.save(step, state, position, config, meta)  # Async: the write goes on in the background.
         window.checkpoint += time.time() - t3
         ledger.add("checkpoint_blocking", time.time() - t3)
+        ledger.saved(step)
         saving_s += time.time() - t3
       if log_now:
         row, process_row = window.close(step, metrics, device_wait_s)
@@ -303,6 +307,8 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         ledger.add("evaluation", eval_s)
       if log_now:
         window = Window(unit)
+      # Reading a long trace back takes a while: under compile's budget, not a step's.
+      watchdog.beat("step", step, config.watchdog.compile_timeout_s)
       profile_row, profile_s = profile.maybe_stop(step, state)
       if profile_row is not None:
         t5 = time.time()
@@ -316,6 +322,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
       if stop:
         break
   finally:
+    profile.abort()
     batches.close()
     watchdog.beat("checkpoint", step)
     t0 = time.time()
@@ -357,7 +364,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     "model_flops_per_step": flops_per_step,
     "compiled_flops_per_step": compiled_flops,  # XLA's count: remat included, a loop's body once.
     "tflops_per_device": speed.get("tflops_per_device"),  # Over this run's steps, all their time.
-    "mfu": speed.get("mfu", model_flops.mfu_label(devices)),
+    "mfu": speed.get("mfu", model_flops.mfu_label(devices, flops_per_step)),
     "devices": device_label(comp.mesh.devices.flatten()),
     "processes": jax.process_count(),
   }

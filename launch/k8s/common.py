@@ -9,6 +9,8 @@ RenderError that says what to change.
 import os
 import re
 
+from launch.restart_policy import NEVER_RESTART
+
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 WORKER_JOB = "worker"
 CONTAINER = "trainer"
@@ -16,7 +18,7 @@ CONTAINER = "trainer"
 USER_ERROR_EXIT = 2
 # Exits a restart would repeat (launch/restart_policy.py): a user error, and a device that computed
 # wrong (replicas differ: the same host would again). They fail the JobSet instead of restarting it.
-NO_RESTART_EXITS = [USER_ERROR_EXIT, 4]
+NO_RESTART_EXITS = [code for code in NEVER_RESTART if code]
 # A run stopped by SIGTERM (preemption) saves and, by default, exits 0: every pod exiting 0 would mark the
 # Job, and the JobSet, "Completed" with steps left. With PREEMPTED_EXIT_CODE set, trainer/run.py exits
 # with that code instead: a failure, which the JobSet answers by restarting every pod, and they resume
