@@ -99,13 +99,16 @@ def test_ten_random_kills_and_a_lost_host_leave_the_trajectory_of_an_uninterrupt
   events = schedule(SEED)
   assert events == schedule(SEED)  # Reproducible from its seed.
   workdir, marker = tmp_path / "chaos", tmp_path / "gone"
+  # The uninterrupted 2-process run, meanwhile: it fills the chaos job's idle moments (back-offs, pauses).
+  straight = tmp_path / "straight"
+  reference = _Job(straight, marker)
   job = _Job(
     workdir,
     marker,
     "--max_restarts=12",
     "--restart_backoff_s=0.2",
     "--elastic",
-    pauses="save=0.3,eval=0.3,gone/p1",
+    pauses="save=0.15,eval=0.15,gone/p1",
   )
   try:
     previous: set[int] = set()
@@ -135,8 +138,6 @@ def test_ten_random_kills_and_a_lost_host_leave_the_trajectory_of_an_uninterrupt
   assert "slot 1 did not come back: continuing on 1 processes" in out
   assert "[launch] restart 1/12: process " in out and " killed by SIGKILL; resuming from " in out
 
-  straight = tmp_path / "straight"
-  reference = _Job(straight, marker)
   assert reference.proc.wait(timeout=240) == 0, "".join(reference.lines)
 
   rows = [r for r in read_jsonl(str(workdir / "metrics.jsonl")) if "loss" in r]

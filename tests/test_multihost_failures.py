@@ -19,7 +19,7 @@ from tests.conftest import REPO, TINY_FLAGS, train_losses
 pytestmark = pytest.mark.slow
 
 LAUNCHER = os.path.join(REPO, "launch", "local.py")
-STEP_TIMEOUT_S = 6  # Below JAX's heartbeat timeout (40 s here): the watchdog reports first, with stacks.
+STEP_TIMEOUT_S = 4  # Below JAX's heartbeat timeout (40 s here): the watchdog reports first, with stacks.
 LONG = [
   *TINY_FLAGS,
   "--config.steps=100000",
