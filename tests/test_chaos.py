@@ -106,7 +106,7 @@ def test_ten_random_kills_and_a_lost_host_leave_the_trajectory_of_an_uninterrupt
     workdir,
     marker,
     "--max_restarts=12",
-    "--restart_backoff_s=0.2",
+    "--restart_backoff_s=0",
     "--elastic",
     pauses="save=0.15,eval=0.15,gone/p1",
   )

@@ -1,5 +1,6 @@
 """The sharded update optimizes the objective of one device, checked against an independent
-reference (tests/reference.py) on many meshes, strategies and microbatch counts.
+reference (tests/reference.py) on many meshes, strategies and microbatch counts: each matches the
+reference within 1e-5, so every mesh follows every other's trajectory.
 
 The data set has 100 records and the global batch 16: batch 6 holds 4 valid rows and 12 padding
 rows, so on 8-way data parallelism six devices hold only padding. Steps 1..8 cross that batch and
@@ -52,11 +53,12 @@ def _valid_tokens(comp, t):
 # sharing 2 key/value heads; multi-query), scanned layers with remat, jax.nn.dot_product_attention,
 # a chunked loss, tied embeddings and z-loss. The reference knows none of them but the objective.
 _MODEL = {
-  ((2, 2, 2), "fsdp_tp", 1): {"model.num_heads": 4, "model.num_kv_heads": 2},
   ((8, 1, 1), "dp", 1): {"model.num_heads": 4, "model.num_kv_heads": 1},
   ((1, 8, 1), "fsdp", 1): {"model.num_layers": 2, "model.scan_layers": True, "model.remat": "full"},
   ((2, 2, 2), "fsdp_tp", 4): {"model.scan_layers": True, "model.remat": "dots_no_batch"},
   ((4, 1, 2), "fsdp_tp", 2): {
+    "model.num_heads": 4,
+    "model.num_kv_heads": 2,
     "model.attention": "xla",
     "model.loss_chunk": 4,
     "model.remat": "block_outputs",
@@ -72,7 +74,6 @@ _MODEL = {
     ((8, 1, 1), "dp", 1),
     ((8, 1, 1), "zero1", 2),
     ((1, 8, 1), "fsdp", 1),
-    ((2, 2, 2), "fsdp_tp", 1),
     ((2, 2, 2), "fsdp_tp", 4),
     ((2, 2, 2), "dp", 2),
     ((4, 1, 2), "fsdp_tp", 2),
