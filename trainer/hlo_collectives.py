@@ -122,7 +122,10 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str | None]:
 def trip_multipliers(hlo_text: str) -> dict[str, int]:
   """How many times each computation runs per execution of the entry: a while body runs its known trip
   count times per run of its caller (1 when XLA does not know it); a call, fusion or branch once."""
-  comps, entry = _computations(hlo_text)
+  return _runs(*_computations(hlo_text))
+
+
+def _runs(comps: dict[str, list[str]], entry: str | None) -> dict[str, int]:
   calls: dict[str, list[tuple[str, int]]] = {name: [] for name in comps}
   for name, lines in comps.items():
     for line in lines:
@@ -148,8 +151,8 @@ def collectives(hlo_text: str, mesh) -> list[dict]:
   axes), largest traffic first. Per step: ops inside loops count once per trip. bytes_per_device: the
   results' size; sent_bytes_per_device: what each device sends (sent_bytes); in_loops: ops inside a
   loop (counted before multiplying)."""
-  comps, _ = _computations(hlo_text)
-  runs = trip_multipliers(hlo_text)
+  comps, entry = _computations(hlo_text)
+  runs = _runs(comps, entry)  # The text is split once.
   table: dict[tuple, dict] = {}
   for name, lines in comps.items():
     for line in lines:
