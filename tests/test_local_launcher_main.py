@@ -3,6 +3,7 @@
 failing processes under restarts: tests/test_chaos.py; the launcher's own behaviour on a stub
 program: tests/test_local_launcher.py."""
 
+import os
 import re
 import signal
 import sys
@@ -80,7 +81,13 @@ def test_the_slow_process_is_named_and_every_process_reports_its_profile(five_st
     (profile,) = [
       r for r in read_jsonl(str(two / "processes" / f"process_{p}.jsonl")) if r.get("event") == "profile"
     ]
-    assert len(profile["devices"]) == 4 and all(d["compute_s"] > 0 for d in profile["devices"].values())
+    # A trace, and each device's time in it split into compute, collectives, wait and idle, which add
+    # up to the window's span.
+    assert profile["steps"] == [2, 3] and os.path.exists(profile["trace"])
+    assert len(profile["devices"]) == 4 and "logical CPU devices share" in profile["note"]
+    for device in profile["devices"].values():
+      assert device["compute_s"] > 0 and device["all-reduce_s"] > 0, device
+      assert abs(sum(device.values()) - profile["span_s"]) <= 1e-3 * profile["span_s"] + 1e-6, device
 
 
 @pytest.mark.slow

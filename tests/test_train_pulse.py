@@ -10,7 +10,7 @@ from trainer.train import train
 
 def test_train_writes_every_output_and_learns(tmp_path):
   workdir = str(tmp_path)
-  summary = train(tiny_config(steps=8, **{"profile.start_step": 3, "profile.steps": 2}), workdir)
+  summary = train(tiny_config(steps=8), workdir)
 
   for name in ("config.json", "metrics.jsonl", "summary.json", "processes/process_0.jsonl", "tensorboard"):
     assert os.path.exists(os.path.join(workdir, name)), name
@@ -39,17 +39,6 @@ def test_train_writes_every_output_and_learns(tmp_path):
   assert 0.7 < summary["model_flops_per_step"] / summary["compiled_flops_per_step"] < 1.3, summary
   assert summary["mfu"] == "n/a (logical CPU)" and summary["tflops_per_device"] > 0
   assert all(r["tflops_per_device"] > 0 and "mfu" not in r for r in rows)
-
-  # The profile window: a trace, and each device's time in it split into compute, collectives, wait
-  # and idle, which add up to the window's span.
-  (profile,) = [
-    r for r in read_jsonl(os.path.join(workdir, "processes/process_0.jsonl")) if r.get("event") == "profile"
-  ]
-  assert profile["steps"] == [4, 5] and os.path.exists(profile["trace"])
-  assert len(profile["devices"]) == 8 and "logical CPU devices share" in profile["note"]
-  for device in profile["devices"].values():
-    assert device["compute_s"] > 0 and device["all-reduce_s"] > 0, device
-    assert abs(sum(device.values()) - profile["span_s"]) <= 1e-3 * profile["span_s"] + 1e-6, device
 
 
 def test_finished_run_resumes_to_nothing_new(tmp_path):

@@ -37,6 +37,19 @@ def barrier(name: str, timeout_s: float) -> None:
     raise PeerTimeout(f"barrier {name!r}: not every process arrived within {timeout_s:.0f} s ({e})") from None
 
 
+def _read_before_anyone_leaves(name: str, timeout_s: float, stopping: bool) -> None:
+  """A barrier after every process has read the store: process 0 hosts it, and its exit ends it.
+
+  Process 0 may leave the moment the barrier opens, before a peer's answer reaches it; when every
+  process already knows the job stops (`stopping`), a peer whose barrier then fails stops all the
+  same, with the same message, not with a timeout."""
+  try:
+    barrier(name, timeout_s)
+  except PeerTimeout:
+    if not stopping:
+      raise
+
+
 def all_agree(name: str, ok: bool, timeout_s: float) -> bool:
   """True on every process if `ok` is True on every process (through the key-value store)."""
   c = client()
@@ -45,7 +58,9 @@ def all_agree(name: str, ok: bool, timeout_s: float) -> bool:
   key = f"{name}#{next(_sequence)}"
   c.key_value_set(f"{key}/{jax.process_index()}", "1" if ok else "0")
   barrier(key, timeout_s)
-  return all(c.key_value_try_get(f"{key}/{p}") == "1" for p in range(jax.process_count()))
+  agreed = all(c.key_value_try_get(f"{key}/{p}") == "1" for p in range(jax.process_count()))
+  _read_before_anyone_leaves(f"{key}_read", timeout_s, stopping=not agreed)
+  return agreed
 
 
 def gather(name: str, value: dict, timeout_s: float) -> dict[int, dict]:
@@ -92,7 +107,7 @@ def check_agreement(fields: dict, timeout_s: float) -> None:
       diff := first_difference(mine, json.loads(c.key_value_try_get(f"agreement/{other}")))
     ):
       diffs.append(f"process {me} and process {other} disagree on {diff}")
-  # Nobody leaves before everyone has read: process 0 hosts the store, and its exit ends the service.
-  barrier("agreement_checked", timeout_s)
+  # Equality is transitive: a process that sees no difference knows that nobody does.
+  _read_before_anyone_leaves("agreement_checked", timeout_s, stopping=bool(diffs))
   if diffs:
     raise UserError(f"{diffs[0]}; start every process alike")

@@ -146,7 +146,11 @@ class Window:
       return 0.0
     t0 = time.time()
     jax.block_until_ready(state)
-    jax.profiler.start_trace(self.directory)
+    # No Python tracer: the split reads device ops only, and tracing every Python thread (Grain's,
+    # Orbax's) slows the host side the window measures; it also crashed a long-lived test process.
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    jax.profiler.start_trace(self.directory, profiler_options=options)
     self.active = True
     return time.time() - t0
 
