@@ -58,7 +58,10 @@ class MetricsLog:
   writes its own processes/process_I.jsonl; every run appends a `start` row saying how many processes
   it has, so a file a bigger earlier run left behind is told apart from this run's."""
 
-  def __init__(self, workdir: str, resume_step: int, drop_eval_at: int | None = None):
+  def __init__(
+    self, workdir: str, resume_step: int, drop_eval_at: int | None = None, process_start: dict | None = None
+  ):
+    """`process_start`: fields for this process's `start` row (its start-up seconds, say)."""
     self.is_main = jax.process_index() == 0
     self._workdir = workdir
     proc_dir = os.path.join(workdir, "processes")
@@ -79,7 +82,7 @@ class MetricsLog:
       self.write({"step": resume_step, "time": time.time(), "event": "start", "processes": processes})
       if stale:
         console(f"processes/: files of processes {stale} are from an earlier run with more processes")
-    self.write_process({"step": resume_step, "time": time.time(), "event": "start"})
+    self.write_process({"step": resume_step, "time": time.time(), "event": "start", **(process_start or {})})
 
   def _tensorboard(self, after_step: int):
     from tensorboardX import SummaryWriter

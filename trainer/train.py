@@ -22,6 +22,7 @@ from trainer import (
   recovery,
   replicas,
   resume_policy,
+  runtime,
   straggler,
 )
 from trainer import state as state_lib
@@ -120,7 +121,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
 
   # --- Compile ahead of time, so compile time is measured apart from step time.
   watchdog.beat("compile", start, config.watchdog.compile_timeout_s)
-  t0 = time.time()
+  t0, hits = time.time(), runtime.compilation_cache_hits()
   local_batches = components.local_batches(comp)
   train_step, eval_step = make_train_step(comp, config.microbatches), make_eval_step(comp)
   if start < last_step:
@@ -138,7 +139,12 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
   flops_per_step = flops_per_step or compiled_flops
 
   # --- The loop. Batches are prepared ahead by Grain threads and copied to the devices ahead.
-  log = MetricsLog(workdir, resume_step=start, drop_eval_at=start if start >= last_step else None)
+  log = MetricsLog(
+    workdir,
+    resume_step=start,
+    drop_eval_at=start if start >= last_step else None,
+    process_start={"startup_s": startup, "compiled_from_cache": runtime.compilation_cache_hits() > hits},
+  )
   if log.trained_before is not None:
     ledger.trained_before = log.trained_before
   profile = profiling.Window(config.profile, workdir, start)
