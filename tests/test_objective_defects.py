@@ -58,11 +58,12 @@ def test_a_batch_without_valid_tokens_stops_alike_on_every_topology_and_is_never
     "--config.eval_steps=0",
     "--config.checkpoint.every=1",
   ]
-  one = subprocess.run(
+  # The one-process run beside the two-process job: each waits for its peers at times.
+  alone = subprocess.Popen(
     [sys.executable, MAIN, "--cpu_devices=2", *flags, f"--workdir={tmp_path / 'one'}"],
-    capture_output=True,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
     text=True,
-    timeout=180,
   )
   two = subprocess.run(
     [sys.executable, os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=1", "--"]
@@ -71,6 +72,11 @@ def test_a_batch_without_valid_tokens_stops_alike_on_every_topology_and_is_never
     text=True,
     timeout=180,
   )
+  try:
+    out, err = alone.communicate(timeout=180)
+  finally:
+    alone.kill()
+  one = subprocess.CompletedProcess(alone.args, alone.returncode, out, err)
   expected = f"error: global batch {empty} has no valid examples (all weights 0); refusing an empty step"
   assert one.returncode == 2 and one.stderr.strip().splitlines()[-1] == expected, one.stderr
   assert two.returncode == 2, two.stdout + two.stderr

@@ -1,4 +1,4 @@
-"""--mode=verify passes for the real experiments on several meshes with microbatches, and FAILs,
+"""--mode=verify passes in two processes (the ViT on one: tests/test_configs.py), and FAILs,
 naming the broken property, for the classic mistakes a fork makes in its loss."""
 
 import json
@@ -52,18 +52,6 @@ def test_verify_fails_for_a_classic_fork_mistake_and_names_it(tmp_path, monkeypa
   assert any(line.startswith(broken) and "FAIL" in line for line in lines), "\n".join(lines)
   assert any("what it usually means" in line for line in lines)
   assert lines[-1].startswith("verify: FAIL (") and broken in lines[-1]
-
-
-# (2, 2, 2) with 2 microbatches: tests/test_configs.py for the ViT, the two-process run below for the LM;
-# here the ViT on a pure FSDP mesh (the LM's pure data and FSDP meshes: tests/test_objective.py).
-@pytest.mark.parametrize("experiment, mesh, microbatches", [("vit", (1, 8, 1), 2)])
-def test_verify_passes_for_the_real_experiments(tmp_path, experiment, mesh, microbatches):
-  import runpy
-
-  path = {"lm": "configs/smoke_cpu.py", "vit": "configs/vit_smoke_cpu.py"}[experiment]
-  cfg = runpy.run_path(path)["get_config"](f"tiny,data={mesh[0]},fsdp={mesh[1]},tensor={mesh[2]}")
-  cfg.microbatches = microbatches
-  assert verify(cfg, str(tmp_path), steps=2)
 
 
 def test_a_globally_empty_data_set_is_refused(tmp_path):
