@@ -65,17 +65,17 @@ def test_a_batch_without_valid_tokens_stops_alike_on_every_topology_and_is_never
     stderr=subprocess.PIPE,
     text=True,
   )
-  two = subprocess.run(
-    [sys.executable, os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=1", "--"]
-    + [*flags, f"--workdir={tmp_path / 'two'}"],
-    capture_output=True,
-    text=True,
-    timeout=180,
-  )
   try:
+    two = subprocess.run(
+      [sys.executable, os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=1", "--"]
+      + [*flags, f"--workdir={tmp_path / 'two'}"],
+      capture_output=True,
+      text=True,
+      timeout=180,
+    )
     out, err = alone.communicate(timeout=180)
   finally:
-    alone.kill()
+    alone.kill()  # Only if it still runs: a timeout above.
   one = subprocess.CompletedProcess(alone.args, alone.returncode, out, err)
   expected = f"error: global batch {empty} has no valid examples (all weights 0); refusing an empty step"
   assert one.returncode == 2 and one.stderr.strip().splitlines()[-1] == expected, one.stderr

@@ -129,6 +129,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     with jax.set_mesh(comp.mesh):
       train_step = train_step.lower(state, batch_spec).compile()
   compile_s = startup["compile"] = time.time() - t0
+  from_cache = runtime.compilation_cache_hits() > hits
   ledger.add("compile", compile_s)
   t0 = time.time()
   devices = list(comp.mesh.devices.flat)
@@ -143,7 +144,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     workdir,
     resume_step=start,
     drop_eval_at=start if start >= last_step else None,
-    process_start={"startup_s": startup, "compiled_from_cache": runtime.compilation_cache_hits() > hits},
+    process_start={"startup_s": startup, "compiled_from_cache": from_cache},
   )
   if log.trained_before is not None:
     ledger.trained_before = log.trained_before
