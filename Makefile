@@ -1,21 +1,26 @@
 # `make train` and `make test` are the two commands a new user runs; both set up .venv first.
 # `make check` is the fast loop for a fork: lint, a 2-step pulse of every config, verify of every
 # experiment, and the experiment contract (a few minutes).
-PYTHON ?= python3
+# The Python that makes .venv: PYTHON=... if given, else the first 3.12+ that launch/find_python.sh finds.
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TENSORBOARD_STAMP := $(VENV)/.installed-tensorboard
 LOGDIR ?= runs
 
-.PHONY: setup train test check test-slurm lint tensorboard clean
+.PHONY: setup train test check test-slurm lint tensorboard clean FORCE
 
 setup: $(STAMP)
 
-# Re-installs only when the pins change. A venv left half-made (no pip: its creation was interrupted)
-# is made again.
-$(STAMP): pyproject.toml constraints.txt
-	$(PY) -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
+# Re-installs only when the pins change, or when .venv's Python cannot serve: one older than 3.12
+# (made before the move to jax 0.12), or a venv left half-made (no pip: its creation was interrupted).
+VENV_USABLE := $(shell $(PY) -c 'import sys, pip; print(sys.version_info >= (3, 12))' 2>/dev/null)
+$(STAMP): pyproject.toml constraints.txt $(if $(filter True,$(VENV_USABLE)),,FORCE)
+	@if [ "$(VENV_USABLE)" != True ]; then \
+	  python=$$(launch/find_python.sh) || exit 1; \
+	  echo "making $(VENV) with $$python ($$($$python --version))"; \
+	  $$python -m venv --clear $(VENV) || exit 1; \
+	fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev]'
 	touch $(STAMP)
 

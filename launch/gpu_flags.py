@@ -11,10 +11,11 @@ FLAGS = (
   # Schedules collectives (FSDP all-gathers, gradient reduce-scatters) to overlap with compute.
   ("--xla_gpu_enable_latency_hiding_scheduler=true", "overlap collectives with compute"),
   # Gathers the next scanned layer's weights while this one computes (and scatters the last one's
-  # gradients): the loop-level half of FSDP's overlap.
-  ("--xla_gpu_enable_pipelined_all_gather=true", "prefetch the next layer's weights in a scan"),
-  ("--xla_gpu_enable_pipelined_reduce_scatter=true", "overlap a layer's gradient scatter with the next"),
-  ("--xla_gpu_enable_pipelined_all_reduce=true", "the same for data-parallel gradient reductions"),
+  # gradients): the loop-level half of FSDP's overlap. `on` considers every eligible collective (jaxlib
+  # 0.12 deprecated the boolean `--xla_gpu_enable_pipelined_*` flags for these).
+  ("--xla_gpu_pipeline_all_gather=on", "prefetch the next layer's weights in a scan"),
+  ("--xla_gpu_pipeline_reduce_scatter=on", "overlap a layer's gradient scatter with the next"),
+  ("--xla_gpu_pipeline_all_reduce=on", "the same for data-parallel gradient reductions"),
   # Unrolls the layer loop by two so the pipelined collectives have a neighbour to hide behind.
   ("--xla_gpu_enable_while_loop_double_buffering=true", "double-buffer scanned layers"),
   # Combine many small collectives into few large ones (NCCL's per-call latency dominates small ones).

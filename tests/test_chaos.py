@@ -160,12 +160,10 @@ def test_ten_random_kills_and_a_lost_host_leave_the_trajectory_of_an_uninterrupt
     loaded = export.load(str(workdir), step, with_optimizer=True)
     leaves = jax.tree.leaves((loaded.params, loaded.opt_state))
     assert loaded.step == step and all(np.isfinite(x).all() for x in leaves if x.dtype.kind == "f"), step
-  # Every process loads its compiled programs from the cache on a restart (on XLA:CPU JAX writes
-  # process 0's entries only: trainer/runtime.py).
-  for p in (0, 1):
-    starts = [
-      r for r in read_jsonl(str(workdir / "processes" / f"process_{p}.jsonl")) if r.get("event") == "start"
-    ]
-    assert any(r["compiled_from_cache"] for r in starts), (p, starts)
+  # A restart loads process 0's compiled step from the cache. On XLA:CPU JAX writes entries from
+  # process 0 alone and every process's key differs, so the others compile again (GPUs share one key).
+  process_0 = read_jsonl(str(workdir / "processes" / "process_0.jsonl"))
+  starts = [r for r in process_0 if r.get("event") == "start"]
+  assert any(r["compiled_from_cache"] for r in starts), starts
   worst = max(recoveries, key=lambda r: r["total_s"])
   print(f"restarts {len(recoveries)}; worst recovery: {json.dumps(worst)}")

@@ -84,37 +84,6 @@ def _initialize(
     exit_now_if_joined(130 if issubclass(exc_type, KeyboardInterrupt) else 1)
 
   sys.excepthook = exit_on_uncaught
-  _cache_compilations_on_every_process()
-
-
-def _cache_compilations_on_every_process() -> None:
-  """On XLA:CPU, lets every process write its own persistent compilation cache entries.
-
-  JAX writes entries from process 0 alone, assuming that every process computes the same key. On
-  XLA:CPU they differ (the key hashes the compile options and the topology, which name the process),
-  so without this, processes other than 0 compile every program on every start, and each restart of
-  a multi-process CPU job waits for their compiles. Entries are files named by their key: processes
-  never write the same one. Accelerators keep JAX's own behaviour."""
-  from jax._src import compilation_cache, compiler, distributed
-  from jax._src import config as jax_config
-
-  if distributed.global_state.process_id == 0:
-    return
-  jax_write = compiler._cache_write
-
-  def write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
-    if backend.platform != "cpu":
-      return jax_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks)
-    if host_callbacks or compile_time_secs < jax_config.persistent_cache_min_compile_time_secs.value:
-      return
-    try:
-      compilation_cache.put_executable_and_time(
-        cache_key, module_name, executable, backend, int(compile_time_secs)
-      )
-    except Exception as e:  # noqa: BLE001 - a cache that cannot be written costs a compile, no more.
-      print(f"warning: compilation cache entry {module_name!r} not written: {e}", file=sys.stderr)
-
-  compiler._cache_write = write
 
 
 _cache_hits = [0]

@@ -1,0 +1,99 @@
+"""`make`'s set-up finds a Python 3.12+ (launch/find_python.sh) and remakes a .venv of an older one."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+FIND = os.path.join(REPO, "launch", "find_python.sh")
+
+
+def _version(python: str) -> tuple[int, int] | None:
+  try:
+    out = subprocess.run(
+      [python, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True, timeout=30
+    )
+  except OSError:
+    return None
+  return tuple(map(int, out.stdout.split())) if out.returncode == 0 else None
+
+
+def _old_python() -> str | None:
+  for p in ("/usr/bin/python3", "/usr/bin/python3.11", "/usr/bin/python3.10"):
+    if os.path.exists(p) and (v := _version(p)) and v < (3, 12):
+      return p
+  return None
+
+
+def _exe(path, body: str) -> None:
+  with open(path, "w") as f:
+    f.write(f"#!/bin/sh\n{body}\n")
+  os.chmod(path, 0o755)
+
+
+def _find(bin_dir, **env) -> subprocess.CompletedProcess:
+  base = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(bin_dir)}
+  return subprocess.run(["sh", FIND], env={**base, **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_find_python_takes_the_first_that_runs_then_pyenv_then_says_how(tmp_path):
+  old = _old_python()
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  # pyenv's shims: present on the PATH, refusing without PYENV_VERSION.
+  for name in ("python3.13", "python3.12"):
+    _exe(bin_dir / name, f"echo 'pyenv: {name}: command not found' >&2; exit 127")
+  _exe(bin_dir / "python3", f'exec {old or "false"} "$@"')  # An older python3, or one that fails.
+  r = _find(bin_dir)
+  assert r.returncode == 1 and r.stdout == "", r
+  [line] = r.stderr.splitlines()  # One line, saying how to get one.
+  assert line.startswith("error: the template needs Python 3.12 or newer") and "PYTHON=" in line, line
+
+  # An interpreter installed under pyenv is found through `pyenv root`, newest version first.
+  root = tmp_path / "pyenv"
+  for version in ("3.11.7", "3.12.1", "3.13.0"):
+    (root / "versions" / version / "bin").mkdir(parents=True)
+  os.symlink(sys.executable, root / "versions" / "3.12.1" / "bin" / "python3")
+  _exe(root / "versions" / "3.13.0" / "bin" / "python3", "exit 1")  # Installed but broken: skipped.
+  _exe(
+    bin_dir / "pyenv",
+    f'[ "$1" = root ] && echo {root}; [ "$1" = versions ] && printf "3.11.7\\n3.12.1\\n3.13.0\\n"',
+  )
+  r = _find(bin_dir)
+  assert r.returncode == 0 and r.stdout.strip() == str(root / "versions" / "3.12.1" / "bin" / "python3"), r
+
+  # A python3.13 that runs wins over everything after it; PYTHON wins over all, and a bad one is refused.
+  os.symlink(sys.executable, bin_dir / "python3.13.real")
+  _exe(bin_dir / "python3.13", f'exec {bin_dir / "python3.13.real"} "$@"')
+  assert _find(bin_dir).stdout.strip() == str(bin_dir / "python3.13")
+  assert _find(bin_dir, PYTHON=sys.executable).stdout.strip() == sys.executable
+  r = _find(bin_dir, PYTHON=str(bin_dir / "python3.12"))
+  assert r.returncode == 1 and r.stderr.startswith("error: PYTHON=") and len(r.stderr.splitlines()) == 1, r
+
+
+def test_a_venv_of_an_older_python_is_made_again(tmp_path):
+  """`make -q setup` (is the set-up up to date?) with a stamp newer than the pins: a .venv of a
+  Python 3.12+ is kept; one of an older Python, or without pip, is remade."""
+  if shutil.which("make") is None:
+    pytest.skip("no make on this machine")
+
+  def up_to_date(python: str) -> bool:
+    venv = tmp_path / "venv"
+    shutil.rmtree(venv, ignore_errors=True)
+    # Without pip of its own but seeing the interpreter's: fast, and `import pip` works as in a real one.
+    subprocess.run([python, "-m", "venv", "--without-pip", "--system-site-packages", venv], check=True)
+    (venv / ".installed").touch()
+    r = subprocess.run(["make", "-q", f"VENV={venv}", "setup"], cwd=REPO, capture_output=True, timeout=60)
+    return r.returncode == 0
+
+  base = getattr(sys, "_base_executable", sys.executable)
+  assert up_to_date(base)
+  if old := _old_python():
+    assert not up_to_date(old)
+  os.remove(tmp_path / "venv" / "bin" / "python")  # Half made: no interpreter.
+  r = subprocess.run(["make", "-q", f"VENV={tmp_path / 'venv'}", "setup"], cwd=REPO, capture_output=True)
+  assert r.returncode != 0
