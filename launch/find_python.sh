@@ -1,7 +1,8 @@
 #!/bin/sh
 # Prints the path of the Python that `make` builds .venv with: $PYTHON if given, else the first of
-# python3.13, python3.12, python3 that is 3.12 or newer and runs, else the newest 3.12+ installed under
-# pyenv (its shims refuse a version that is not selected, but the interpreter runs from its own folder).
+# python3.13, python3.12, python3 that is 3.12 or newer and runs, else the oldest 3.12+ installed under
+# pyenv (its shims refuse a version that is not selected, but the interpreter runs from its own folder;
+# the oldest: 3.12 is what the stack's peers run, MaxText and the GPU images).
 # Otherwise prints one `error:` line saying how to get one, and exits 1.
 usable() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; }
 found() {
@@ -25,7 +26,7 @@ for name in python3.13 python3.12 python3; do
 done
 if command -v pyenv >/dev/null 2>&1; then
   root=$(pyenv root)
-  for version in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.[0-9]+\.[0-9]+$' | sort -t. -k1,1nr -k2,2nr -k3,3nr); do
+  for version in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.[0-9]+\.[0-9]+$' | sort -t. -k1,1n -k2,2n -k3,3n); do
     usable "$root/versions/$version/bin/python3" && found "$root/versions/$version/bin/python3"
   done
 fi

@@ -53,16 +53,18 @@ def test_find_python_takes_the_first_that_runs_then_pyenv_then_says_how(tmp_path
   [line] = r.stderr.splitlines()  # One line, saying how to get one.
   assert line.startswith("error: the template needs Python 3.12 or newer") and "PYTHON=" in line, line
 
-  # An interpreter installed under pyenv is found through `pyenv root`, newest version first.
+  # An interpreter installed under pyenv is found through `pyenv root`: the oldest 3.12+ that runs.
   root = tmp_path / "pyenv"
-  for version in ("3.11.7", "3.12.1", "3.13.0"):
+  versions = ("3.11.7", "3.12.0", "3.12.1", "3.13.0")
+  for version in versions:
     (root / "versions" / version / "bin").mkdir(parents=True)
-  os.symlink(sys.executable, root / "versions" / "3.12.1" / "bin" / "python3")
-  _exe(root / "versions" / "3.13.0" / "bin" / "python3", "exit 1")  # Installed but broken: skipped.
-  _exe(
-    bin_dir / "pyenv",
-    f'[ "$1" = root ] && echo {root}; [ "$1" = versions ] && printf "3.11.7\\n3.12.1\\n3.13.0\\n"',
-  )
+  if old:
+    os.symlink(old, root / "versions" / "3.11.7" / "bin" / "python3")  # Runs, but too old.
+  _exe(root / "versions" / "3.12.0" / "bin" / "python3", "exit 1")  # Installed but broken: skipped.
+  for version in ("3.12.1", "3.13.0"):
+    os.symlink(sys.executable, root / "versions" / version / "bin" / "python3")
+  listing = "\\n".join(versions)
+  _exe(bin_dir / "pyenv", f'[ "$1" = root ] && echo {root}; [ "$1" = versions ] && printf "{listing}\\n"')
   r = _find(bin_dir)
   assert r.returncode == 0 and r.stdout.strip() == str(root / "versions" / "3.12.1" / "bin" / "python3"), r
 
