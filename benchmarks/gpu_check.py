@@ -1,0 +1,232 @@
+"""The first checks on an NVIDIA GPU, one table: run by benchmarks/gpu_check.sh (which finds the Python and
+the packages); `--allow_cpu` runs the same code on CPU at toy sizes (tests/test_gpu_check.py).
+
+  attention     cuDNN's fused attention against XLA's, forward values, bf16 causal GQA
+  bf16_vs_fp32  the same 50 training steps in bf16 and float32 compute: the final losses' gap
+  memory        the step's peak device memory against inspect's compiled estimate
+  transfer      the loop's transfer guard holds on the device (a host copy inside it raises)
+  checkpoint    Orbax save and restore of the train state: GB/s each way, restored bitwise
+  lm_125m       configs/lm_125m.py on one GPU (synthetic data): tokens/s and MFU
+
+Each row says what was measured, the bound it is held to, and ok or FAIL; the exit code is 1 when a row
+failed. Bounds: attention within 2e-2 (bf16's 8-bit mantissa over a 128-wide reduction); bf16's final
+loss within 2% of float32's; peak memory within 1.25x of the estimate plus 256 MiB (cuDNN and
+allocator buffers inspect does not see); restore bitwise.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+ROWS = []  # (check, figure, bound, ok)
+
+
+def row(check: str, figure: str, bound: str, ok: bool) -> None:
+  ROWS.append((check, figure, bound, ok))
+  print(f"  {check}: {figure} ({'ok' if ok else 'FAIL'})", flush=True)
+
+
+def check_attention(gpu: bool) -> None:
+  import jax
+  import jax.numpy as jnp
+
+  b, t, heads, kv_heads, d = (4, 2048, 12, 4, 64) if gpu else (1, 64, 4, 2, 16)
+  kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(kq, (b, t, heads, d), jnp.bfloat16)
+  k = jax.random.normal(kk, (b, t, kv_heads, d), jnp.bfloat16)
+  v = jax.random.normal(kv, (b, t, kv_heads, d), jnp.bfloat16)
+  attend = lambda impl: jax.jit(
+    lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+  )
+  reference = attend("xla")(q, k, v).astype(jnp.float32)
+  if not gpu:
+    return row("attention", "cuDNN needs a GPU: not run", "-", True)
+  fused = attend("cudnn")(q, k, v).astype(jnp.float32)
+  diff = float(jnp.max(jnp.abs(fused - reference)))
+  row("attention", f"max |cudnn - xla| {diff:.2e} over {b}x{t}x{heads}x{d}", "<= 2e-2", diff <= 2e-2)
+
+
+def _smoke_config(gpu: bool, steps: int, dtype: str):
+  """configs/smoke_cpu.py's LM (557k parameters) on one device; on CPU its `:tiny` sizes."""
+  from configs import smoke_cpu
+
+  config = smoke_cpu.get_config(None if gpu else "tiny")
+  config.steps = steps
+  config.log_every = 10
+  config.eval_every = config.eval_steps = 0
+  config.checkpoint.every = steps
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+  config.model.compute_dtype = dtype
+  return config
+
+
+def _train(config) -> tuple[dict, list[dict]]:
+  import json
+
+  from trainer.train import train
+
+  with tempfile.TemporaryDirectory() as workdir:
+    summary = train(config, workdir)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      rows = [r for r in map(json.loads, f) if "loss" in r]
+  return summary, rows
+
+
+def check_bf16(gpu: bool) -> None:
+  steps = 50 if gpu else 4
+  fp32, _ = _train(_smoke_config(gpu, steps, "float32"))
+  bf16, _ = _train(_smoke_config(gpu, steps, "bfloat16"))
+  gap = (bf16["final_loss"] - fp32["final_loss"]) / fp32["final_loss"]
+  figure = (
+    f"loss at step {steps}: bf16 {bf16['final_loss']:.4f}, fp32 {fp32['final_loss']:.4f} ({100 * gap:+.2f}%)"
+  )
+  row("bf16_vs_fp32", figure, "gap within 2%", abs(gap) <= 0.02)
+
+
+def check_transfer(gpu: bool) -> None:
+  """The guard the loop steps under (trainer/train.py) must refuse a device-to-host copy on a GPU, or
+  the loop's promise of no hidden syncs is unchecked there (XLA:CPU ignores the guard)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  x = jax.block_until_ready(jnp.arange(4.0) * 2)
+  with jax.transfer_guard_device_to_host("disallow_explicit"):
+    try:
+      np.asarray(x)
+      refused = False
+    except Exception:  # noqa: BLE001 - JAX raises its runtime error type.
+      refused = True
+  figure = f"a host copy under the loop's guard is {'refused' if refused else 'allowed'}"
+  row("transfer", figure + ("" if gpu else " (XLA:CPU)"), "refused" if gpu else "-", refused or not gpu)
+
+
+def _lm_125m(gpu: bool):
+  """configs/lm_125m.py on synthetic data, at one GPU's share of its batch (on CPU: its `:tiny`)."""
+  from configs import lm_125m
+
+  config = lm_125m.get_config(None if gpu else "tiny")
+  config.data.source = "synthetic"  # Its 64-token chain: the model's 32k softmax still runs in full.
+  config.data.packing = False  # Synthetic records are not documents.
+  config.steps = 40 if gpu else 3
+  config.log_every = 10 if gpu else 1
+  config.eval_every = config.eval_steps = 0
+  config.checkpoint.every = config.steps
+  config.checks.replica_every = 0
+  if gpu:
+    config.global_batch_size = 16  # 32k tokens per step.
+  return config
+
+
+def check_checkpoint(gpu: bool) -> None:
+  import jax
+  import numpy as np
+
+  from trainer import checkpointing, components
+  from trainer import state as state_lib
+
+  config = _lm_125m(gpu)
+  comp = components.build(config)
+  state = components.init_state(comp, config)
+  jax.block_until_ready(state)
+  gb = sum(x.nbytes for x in jax.tree.leaves(state)) / 1e9
+  with tempfile.TemporaryDirectory(dir=os.getcwd()) as workdir:
+    ckpt = checkpointing.Checkpoints(workdir, keep=2, keep_every=0)
+    t0 = time.perf_counter()
+    ckpt.save(
+      1, state, checkpointing.data_position(1, 0, comp), config, checkpointing.run_metadata(comp, config)
+    )
+    ckpt.wait()
+    save_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    restored = ckpt.restore_latest(state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx))
+    jax.block_until_ready(restored.state)
+    restore_s = time.perf_counter() - t0
+    ckpt.close()
+  same = all(
+    np.array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored.state), strict=True)
+  )
+  figure = f"lm_125m state {gb:.2f} GB: save {gb / save_s:.2f} GB/s, restore {gb / restore_s:.2f} GB/s"
+  row("checkpoint", figure, "restored bitwise", same)
+
+
+def check_lm_125m(gpu: bool) -> None:
+  """Tokens/s and MFU of lm_125m, and the process's peak device memory against inspect's estimate of
+  the same step (run last: the peak is the process's, and this step is its largest)."""
+  import jax
+
+  from trainer import inspection
+
+  config = _lm_125m(gpu)
+  estimate = inspection.report(config)["compiled"]["memory_per_device"]["total"]
+  summary, rows = _train(config)
+  tokens = statistics.median(r["tokens_per_s"] for r in rows[1:] or rows)  # The first window compiles.
+  mfu = summary.get("mfu")
+  mfu_text = f"{100 * mfu:.1f}%" if isinstance(mfu, float) else str(mfu)
+  row(
+    "lm_125m",
+    f"{tokens:,.0f} tokens/s, MFU {mfu_text} (batch {config.global_batch_size} x {config.data.seq_len})",
+    "runs",
+    True,
+  )
+  peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+  if peak is None:
+    return row(
+      "memory",
+      f"inspect's estimate {estimate / 2**30:.2f} GiB; no peak on {jax.default_backend()}",
+      "-",
+      not gpu,
+    )
+  ok = peak <= 1.25 * estimate + 2**28
+  row(
+    "memory",
+    f"peak {peak / 2**30:.2f} GiB, inspect's estimate {estimate / 2**30:.2f} GiB",
+    "<= 1.25x + 256 MiB",
+    ok,
+  )
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--allow_cpu", action="store_true", help="run at toy sizes on CPU (the suite's test)")
+  args = parser.parse_args()
+  if args.allow_cpu:
+    from trainer import runtime
+
+    runtime.configure_cpu_devices(1)
+  import jax
+  from absl import logging
+
+  logging.set_verbosity(logging.WARNING)
+  gpu = jax.default_backend() == "gpu"
+  if not gpu and not args.allow_cpu:
+    print(f"gpu_check: no GPU here (JAX's backend is {jax.default_backend()}): nothing to check")
+    return 0
+  device = jax.devices()[0]
+  print(f"gpu_check on {device.device_kind} ({device.platform}), jax {jax.__version__}", flush=True)
+  t0 = time.time()
+  for check in (check_attention, check_bf16, check_transfer, check_checkpoint, check_lm_125m):
+    try:
+      check(gpu)
+    except Exception as e:  # noqa: BLE001 - one failed check is a FAIL row; the others still run.
+      row(
+        check.__name__.removeprefix("check_"),
+        f"{type(e).__name__}: {str(e).splitlines()[0][:120]}",
+        "-",
+        False,
+      )
+  print("\n| check | figure | bound | result |\n|---|---|---|---|")
+  for check, figure, bound, ok in ROWS:
+    print(f"| {check} | {figure} | {bound} | {'ok' if ok else 'FAIL'} |")
+  print(f"{device.device_kind}, jax {jax.__version__}, {time.time() - t0:.0f} s")
+  return 0 if all(r[3] for r in ROWS) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

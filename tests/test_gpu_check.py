@@ -1,0 +1,38 @@
+"""benchmarks/gpu_check.sh: one line and exit 0 without a GPU; its checks run end to end at toy sizes
+on CPU (`--allow_cpu`), so the script a GPU machine runs once is not first tried there."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line():
+  if shutil.which("nvidia-smi"):
+    pytest.skip("this machine has nvidia-smi")
+  r = subprocess.run(["benchmarks/gpu_check.sh"], cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0 and r.stderr == "", r
+  [line] = r.stdout.splitlines()
+  assert line.startswith("gpu_check: no NVIDIA GPU"), line
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_every_check_on_cpu_at_toy_sizes():
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # Its own device count: one.
+  r = subprocess.run(
+    [sys.executable, "benchmarks/gpu_check.py", "--allow_cpu"],
+    cwd=REPO,
+    env={**env, "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  table = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+  checks = [line.split("|")[1].strip() for line in table[1:]]
+  assert checks == ["attention", "bf16_vs_fp32", "transfer", "checkpoint", "lm_125m", "memory"], table
+  assert all(line.rstrip().endswith("| ok |") for line in table[1:]), table
