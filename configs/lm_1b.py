@@ -13,7 +13,7 @@ Model: d_model 2048, 16 scanned layers, 32 query / 8 key-value heads of 64, SwiG
 Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
 XLA's attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
 gathers prefetch): params 77.5 MB + optimizer 155.0 MB (total/64: 77.2 + 154.5; the norm scales
-stay whole), compiled step 22.5 GB (arguments 0.23 GB, temporaries 22.3 GB). Tokens/s and MFU on
+stay whole), compiled step 15.2 GB (arguments 0.23 GB, temporaries 15.0 GB; jax 0.12.0.1). Tokens/s and MFU on
 GPUs: not measured yet. Inspect:
   python main.py --config=configs/lm_1b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
