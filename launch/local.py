@@ -83,8 +83,17 @@ def is_chatter(line: bytes) -> bool:
   return any(p.fullmatch(line.rstrip(b"\r\n")) for p in CHATTER)
 
 
+# One lock for every line the launcher writes, its own and its children's: each goes out whole.
+_LINES = threading.Lock()
+
+
 def _log(msg: str) -> None:
-  print(f"[launch] {msg}", file=sys.stderr, flush=True)
+  # One write of bytes, not print: under PYTHONUNBUFFERED (the launcher's own environment may have it)
+  # print writes the text and its newline apart, and a child's line can land between the two.
+  with _LINES:
+    sys.stderr.flush()
+    sys.stderr.buffer.write(f"[launch] {msg}\n".encode())
+    sys.stderr.buffer.flush()
 
 
 def free_port() -> int:
@@ -117,8 +126,6 @@ class _Output:
   `sys.stdout.reconfigure(line_buffering=True)` instead of PYTHONUNBUFFERED: one write per line.
   """
 
-  lock = threading.Lock()
-
   def __init__(self, pipe, dest, prefix: bytes, keep_all: bool):
     self.thread = threading.Thread(target=self._pump, args=(pipe, dest, prefix, keep_all), daemon=True)
     self.thread.start()
@@ -132,7 +139,7 @@ class _Output:
           continue  # Keep draining: a child blocked on a full pipe would never exit.
         if not line.endswith(b"\n"):
           line += b"\n"  # A last line without its newline must not run into another process's.
-        with cls.lock:
+        with _LINES:
           try:
             dest.write(prefix + line)
             dest.flush()

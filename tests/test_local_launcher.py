@@ -350,3 +350,26 @@ def test_bad_launcher_arguments(args, fragment):
   result = _launch(*args, tag=None)  # Rejected before any process starts.
   assert result.returncode == 2
   assert fragment in result.stderr
+
+
+def test_the_launchers_own_lines_go_out_in_one_write(monkeypatch):
+  """Under PYTHONUNBUFFERED (stderr's text layer writes straight through to the file), print writes a
+  line's text and its newline apart, and a child's line pumped in between merged with it
+  ('...stopping [0][p0] error: ...')."""
+  import io
+
+  from launch import local
+
+  writes = []
+
+  class Fd(io.RawIOBase):
+    def writable(self):
+      return True
+
+    def write(self, b):
+      writes.append(bytes(b))
+      return len(b)
+
+  monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(Fd(), write_through=True))  # As under -u.
+  local._log("process 1 exited with code 2; stopping [0]")
+  assert writes == [b"[launch] process 1 exited with code 2; stopping [0]\n"]
