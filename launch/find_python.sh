@@ -30,6 +30,6 @@ if command -v pyenv >/dev/null 2>&1; then
     usable "$root/versions/$version/bin/python3" && found "$root/versions/$version/bin/python3"
   done
 fi
-have=$(python3 --version 2>&1 || echo "no python3")
+have=$( (python3 --version 2>&1 || echo "no python3 that runs") | head -n 1)  # A refusing shim says more.
 echo "error: the template needs Python 3.12 or newer ($have here): install one (Ubuntu, Debian: apt install python3.12-venv; macOS: brew install python@3.12; any: uv python install 3.12), then make again, or PYTHON=/path/to/python3.12 make" >&2
 exit 1
