@@ -4,9 +4,9 @@
 
 Every process gets `--coordinator_address=127.0.0.1:PORT --num_processes=P --process_id=I
 --cpu_devices=D` followed by the flags after `--`. Their output comes back line by line, prefixed
-`[pI] `, less known library chatter (CHATTER; `--verbose`, or `--verbosity` among main.py's flags,
-shows every line). When one process exits non-zero the others are stopped (SIGTERM, then SIGKILL
-after --grace_s) and the launcher exits with that code; it exits 0 when all succeed.
+`[pI] `, less known library chatter (launch/process_output.py; `--verbose`, or `--verbosity` among
+main.py's flags, shows every line). When one process exits non-zero the others are stopped (SIGTERM,
+then SIGKILL after --grace_s) and the launcher exits with that code; it exits 0 when all succeed.
 
 SIGINT and SIGTERM are passed on to every process; main.py then saves at a step all agree on and
 exits 0. The launcher exits with their result, as without a signal: 0 when every process stopped
@@ -35,7 +35,6 @@ import ctypes
 import json
 import os
 import queue
-import re
 import signal
 import socket
 import subprocess
@@ -44,6 +43,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from process_output import LinePump, log  # noqa: E402
 from restart_policy import NEVER_RESTART, cause, newest_checkpoint, past_startup  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,44 +56,6 @@ CHILD_ENV_DEFAULTS = {
   "JAX_HEARTBEAT_TIMEOUT_S": "10",
   "JAX_SHUTDOWN_TIMEOUT_S": "30",
 }
-
-
-# Lines of library chatter dropped from the processes' output unless --verbose (or main.py's
-# --verbosity) asks for everything; each pattern must match the whole line (less its line end).
-CHATTER = (
-  # Gloo (the CPU collectives) prints this with std::cout, unconditionally, every time it connects a
-  # communicator: about 36 lines per 2-process start. Two of them printed at once by two threads
-  # merge in any way ("[Gloo] Rank 1[Gloo] Rank 0 is connected ...", "3 is connected to ..."): a line
-  # made of nothing but the pieces of such lines is chatter.
-  re.compile(
-    rb"(?=.*is connected to)"  # Pieces of Gloo's lines only, one "is connected to" at least.
-    rb"(?:\[Gloo\] Rank|is connected to|peer ranks\.|Expected number of connected peer ranks is :|\d+|\s+)+"
-  ),
-  # JAX's C++ preemption notifier: "SIGTERM caught at TIME" on every process, after a SIGINT as well
-  # (trainer/preemption.py turns SIGINT into SIGTERM, the only way to reach JAX's preemption service).
-  # It cannot be silenced at its source without TF_CPP_MIN_LOG_LEVEL, which would hide every C++
-  # warning; the run's own line, `preempted (SIGINT): saved checkpoint N`, names the signal sent.
-  re.compile(rb"[IW]\d{4} [\d:.]+ +\d+ preemption_notifier\.cc:\d+\] .*"),
-  # Empty lines, e.g. the newline of a Python print that a C++ write split from its text (see _Output).
-  re.compile(rb"\s*"),
-)
-
-
-def is_chatter(line: bytes) -> bool:
-  return any(p.fullmatch(line.rstrip(b"\r\n")) for p in CHATTER)
-
-
-# One lock for every line the launcher writes, its own and its children's: each goes out whole.
-_LINES = threading.Lock()
-
-
-def _log(msg: str) -> None:
-  # One write of bytes, not print: under PYTHONUNBUFFERED (the launcher's own environment may have it)
-  # print writes the text and its newline apart, and a child's line can land between the two.
-  with _LINES:
-    sys.stderr.flush()
-    sys.stderr.buffer.write(f"[launch] {msg}\n".encode())
-    sys.stderr.buffer.flush()
 
 
 def free_port() -> int:
@@ -113,40 +75,6 @@ def _die_with_parent() -> None:
     pass  # Not Linux: the launcher's own cleanup still applies.
 
 
-class _Output:
-  """Copies a child's pipe to ours line by line with a prefix; one lock keeps lines whole.
-
-  Lines of different processes, or of one process's stdout and stderr (separate pipes), never merge
-  here. A merged line comes from inside one child, where Python and the C++ libraries (Gloo's
-  std::cout, absl logging) share fd 1 and fd 2, and writes from its threads interleave before
-  they reach the pipe: e.g. with PYTHONUNBUFFERED (set below) print writes its text and its newline
-  in two write(2) calls, so a C++ line can land between them, leaving "text[Gloo] ..." and an empty
-  line. The launcher gets those bytes already mixed and cannot take them apart; it keeps the line as
-  it came (dropping it would lose the text). Only the child can fix it, e.g. with
-  `sys.stdout.reconfigure(line_buffering=True)` instead of PYTHONUNBUFFERED: one write per line.
-  """
-
-  def __init__(self, pipe, dest, prefix: bytes, keep_all: bool):
-    self.thread = threading.Thread(target=self._pump, args=(pipe, dest, prefix, keep_all), daemon=True)
-    self.thread.start()
-
-  @classmethod
-  def _pump(cls, pipe, dest, prefix: bytes, keep_all: bool) -> None:
-    broken = False
-    with pipe:
-      for line in iter(pipe.readline, b""):
-        if broken or (not keep_all and is_chatter(line)):
-          continue  # Keep draining: a child blocked on a full pipe would never exit.
-        if not line.endswith(b"\n"):
-          line += b"\n"  # A last line without its newline must not run into another process's.
-        with _LINES:
-          try:
-            dest.write(prefix + line)
-            dest.flush()
-          except OSError:  # Our reader went away (e.g. `| head`).
-            broken = True
-
-
 class Job:
   """The processes of one job: started together, watched together, stopped together."""
 
@@ -161,7 +89,7 @@ class Job:
     self.argv_per_process, self.env, self.grace_s = argv_per_process, env, grace_s
     self.keep_all, self.fail_fast = keep_all, fail_fast
     self.procs: list[subprocess.Popen] = []
-    self.outputs: list[_Output] = []
+    self.outputs: list[LinePump] = []
     self.signalled: int | None = None
     self.killed = False  # Whether the launcher sent SIGKILL to a process it saw running.
     # The first process to fail: (index, its return code, when the launcher saw it exit).
@@ -186,8 +114,8 @@ class Job:
       )
       self.procs.append(p)
       prefix = f"[p{i}] ".encode()
-      self.outputs.append(_Output(p.stdout, sys.stdout.buffer, prefix, self.keep_all))
-      self.outputs.append(_Output(p.stderr, sys.stderr.buffer, prefix, self.keep_all))
+      self.outputs.append(LinePump(p.stdout, sys.stdout.buffer, prefix, self.keep_all))
+      self.outputs.append(LinePump(p.stderr, sys.stderr.buffer, prefix, self.keep_all))
 
   def kill_all(self, sig: int) -> None:
     for p in self.procs:
@@ -201,10 +129,10 @@ class Job:
   def on_signal(self, signum, frame) -> None:
     if self.signalled is None:
       self.signalled = signum
-      _log(f"got {signal.Signals(signum).name}; passing it to every process")
+      log(f"got {signal.Signals(signum).name}; passing it to every process")
       self.kill_all(signum)
     else:
-      _log("second signal; killing every process")
+      log("second signal; killing every process")
       self.kill_all(signal.SIGKILL)
 
   def _running(self) -> list[int]:
@@ -223,7 +151,7 @@ class Job:
         # From the first failure or signal on, the rest get --grace_s seconds to end.
         deadline = time.monotonic() + self.grace_s
       if deadline is not None and time.monotonic() >= deadline and self._running():
-        _log(f"processes {self._running()} still running {self.grace_s:g} s later; killing them")
+        log(f"processes {self._running()} still running {self.grace_s:g} s later; killing them")
         self.kill_all(signal.SIGKILL)
         deadline = float("inf")  # Once: they die within moments of SIGKILL.
       try:
@@ -237,7 +165,7 @@ class Job:
         self.first_failure = (i, code, time.time())
         # After a signal the processes are stopping already; a failure alone stops the others.
         running = self._running() if self.signalled is None else []
-        _log(f"process {i} exited with code {code}" + (f"; stopping {running}" if running else ""))
+        log(f"process {i} exited with code {code}" + (f"; stopping {running}" if running else ""))
         if running:
           self.kill_all(signal.SIGKILL if self.fail_fast else signal.SIGTERM)
     self.ended_at = time.time()
@@ -270,7 +198,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     "--main", default=os.path.join(REPO, "main.py"), help="program every process runs (tests pass a stub)"
   )
   parser.add_argument(
-    "--verbose", action="store_true", help="show every line of output, library chatter included (CHATTER)"
+    "--verbose",
+    action="store_true",
+    help="show every line of output, library chatter included",
   )
   parser.add_argument("--max_restarts", type=int, default=0, help="relaunch a failed job up to N times")
   parser.add_argument("--restart_backoff_s", type=float, default=1.0, help="seconds before a relaunch")
@@ -375,9 +305,9 @@ def main(argv: list[str]) -> int:
     slot, raw, died_at = job.first_failure
     if raw in NEVER_RESTART or restarts >= args.max_restarts:
       if args.max_restarts and raw not in NEVER_RESTART:
-        _log(f"giving up after {restarts} restarts: process {slot} {cause(raw)}")
+        log(f"giving up after {restarts} restarts: process {slot} {cause(raw)}")
       elif args.max_restarts:
-        _log(f"not restarting: process {slot} {cause(raw)}")
+        log(f"not restarting: process {slot} {cause(raw)}")
       return code
     restarts += 1
     dropped = ""
@@ -388,13 +318,13 @@ def main(argv: list[str]) -> int:
       dropped = f"; slot {slot} did not come back: continuing on {processes} processes (renumbered)"
     step = newest_checkpoint(workdir)
     resume = f"checkpoint {step}" if step is not None else "the start (no checkpoint yet)"
-    _log(
+    log(
       f"restart {restarts}/{args.max_restarts}: process {slot} {cause(raw)}{dropped}; resuming from "
       f"{resume} in {args.restart_backoff_s:g} s"
     )
     time.sleep(args.restart_backoff_s)
     if _Stop.signum is not None:
-      _log(f"got {signal.Signals(_Stop.signum).name} before the relaunch; not relaunching")
+      log(f"got {signal.Signals(_Stop.signum).name} before the relaunch; not relaunching")
       return 128 + _Stop.signum
     recovery = {"restart": restarts, "cause": cause(raw), "process": slot, "processes": processes}
     recovery.update(died_at=died_at, ended_at=job.ended_at, relaunched_at=time.time())

@@ -358,7 +358,7 @@ def test_the_launchers_own_lines_go_out_in_one_write(monkeypatch):
   ('...stopping [0][p0] error: ...')."""
   import io
 
-  from launch import local
+  from launch import process_output
 
   writes = []
 
@@ -371,5 +371,5 @@ def test_the_launchers_own_lines_go_out_in_one_write(monkeypatch):
       return len(b)
 
   monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(Fd(), write_through=True))  # As under -u.
-  local._log("process 1 exited with code 2; stopping [0]")
+  process_output.log("process 1 exited with code 2; stopping [0]")
   assert writes == [b"[launch] process 1 exited with code 2; stopping [0]\n"]
