@@ -1,6 +1,7 @@
 """How long does an async checkpoint block the training loop, and how fast is the write? Prints, for the
 smoke model and a ~100M-parameter model (params + AdamW moments) on logical CPU devices:
-  blocking time (the loop waits: device-to-host copy), total write time, throughput (GB/s),
+  blocking time (the loop waits: device-to-host copy), total write time (with the checksums written
+  after the commit, trainer/checkpoint_proof.py), throughput (GB/s),
   and blocking as a fraction of the write (goal: <= 10%).
 
   .venv/bin/python benchmarks/checkpoint.py [--cpu_devices=8] [--saves=3]

@@ -154,3 +154,78 @@ def test_a_rollback_inside_a_logging_window_counts_the_kept_steps_once(tmp_path,
   summary = train(cfg, str(tmp_path))
   assert summary["nonfinite_rollbacks"] == 1
   assert summary["tokens_trained_this_run"] == STEPS * 16 * 16  # Steps 5 and 6 kept, 7 and 8 redone.
+
+
+def _listing(workdir):
+  return sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+
+
+@pytest.mark.parametrize(
+  "fault, code, words",
+  [
+    (
+      lambda: jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 2.00GiB"),
+      5,
+      "out of memory",
+    ),
+    (lambda: OSError(5, "Input/output error"), 3, "fix what failed"),
+  ],
+  ids=["out_of_memory", "EIO"],
+)
+def test_a_restore_that_fails_but_is_not_damage_stops_and_touches_nothing(
+  tmp_path, straight, monkeypatch, fault, code, words
+):
+  """Orbax raising out of memory or an I/O error while it reads a whole checkpoint: one error naming
+  the checkpoint and what to change, a restartable or resources exit code, no checkpoint set aside,
+  no history truncated; the rerun without the fault continues bit for bit."""
+  import orbax.checkpoint as ocp
+
+  from trainer import checkpoint_proof
+
+  workdir = str(tmp_path)
+  train(_cfg(), workdir, stop_after=6)
+  assert checkpoint_proof.verify(os.path.join(workdir, "checkpoints", "6")) is True  # Proven whole.
+  before, metrics = _listing(workdir), open(os.path.join(workdir, "metrics.jsonl")).read()
+
+  def failing_restore(self, step, args=None, **kw):
+    raise fault()
+
+  with monkeypatch.context() as m:
+    m.setattr(ocp.CheckpointManager, "restore", failing_restore)
+    with pytest.raises(checkpoint_proof.RestoreFailed) as e:
+      train(_cfg(), workdir)
+  assert e.value.exit_code == code and "checkpoint 6" in str(e.value) and words in str(e.value), e.value
+  assert "\n" not in str(e.value) and "checksums match" in str(e.value)
+  assert _listing(workdir) == before  # Nothing renamed, nothing deleted.
+  assert open(os.path.join(workdir, "metrics.jsonl")).read() == metrics
+  train(_cfg(), workdir)
+  np.testing.assert_array_equal(_trajectory(workdir), straight)
+
+
+def test_a_changed_byte_is_proven_damage_and_an_unproven_checkpoint_is_judged_by_its_error(
+  tmp_path, straight
+):
+  """One byte changed in an array file (same size: Orbax itself may read it without complaint): the
+  checksums prove damage, the checkpoint is set aside and the run falls back, bitwise."""
+  from trainer import checkpoint_proof
+
+  workdir = str(tmp_path)
+  train(_cfg(), workdir, stop_after=6)
+  state_dir = os.path.join(workdir, "checkpoints", "6", "state")
+  arrays = [os.path.join(r, n) for r, _, names in os.walk(state_dir) for n in names if "/d/" in r + "/"]
+  path = max(arrays, key=os.path.getsize)
+  with open(path, "r+b") as f:
+    first = f.read(1)
+    f.seek(0)
+    f.write(bytes([first[0] ^ 0xFF]))
+  assert "changed" in checkpoint_proof.verify(os.path.join(workdir, "checkpoints", "6"))
+  train(_cfg(), workdir)
+  assert any(name.startswith("damaged-6-") for name in _listing(workdir))
+  np.testing.assert_array_equal(_trajectory(workdir), straight)
+
+  # Without checksums (written before they existed) a failure's kind decides: EIO is not damage.
+  assert checkpoint_proof.failure_kind(OSError(5, "Input/output error")) == "environment"
+  assert checkpoint_proof.failure_kind(ValueError("Error opening chunk: DATA_LOSS")) is None
+  wrapped = RuntimeError("restore failed")
+  wrapped.__cause__ = MemoryError()
+  assert checkpoint_proof.failure_kind(wrapped) == "resources"

@@ -6,8 +6,10 @@ a kill are ignored and cleaned. A background save error surfaces in the loop at 
 """
 
 import json
+import math
 import os
 import subprocess
+import threading
 import time
 from importlib import metadata as importlib_metadata
 from typing import NamedTuple
@@ -17,7 +19,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from errors import UserError
-from trainer import multihost
+from trainer import checkpoint_proof, multihost
 from trainer.state import TrainState, path_keys
 
 DATA_POSITION_VERSION = 2
@@ -142,6 +144,7 @@ class Checkpoints:
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=self.item_handlers())
     self._records: list[dict] = []  # Finished saves' timings, for processes/process_I.jsonl.
     self._pending: tuple[int, float, float] | None = None  # (step, started, blocking seconds)
+    self._proving: threading.Thread | None = None  # Writes the last committed save's checksums.
 
   @staticmethod
   def item_handlers() -> dict:
@@ -156,26 +159,67 @@ class Checkpoints:
   def restore_latest(self, target: TrainState, set_aside: bool = True) -> Restored | None:
     """The newest checkpoint that restores, onto `target`'s shardings (any mesh or device count).
 
-    A damaged one is reported, skipped and (with `set_aside`) moved aside; every process makes the
-    same choice. A model-shape change is a UserError; running out of memory is not damage.
+    One proven damaged (trainer/checkpoint_proof.py), or unproven and failing as damage would, is
+    reported, skipped and (with `set_aside`) moved aside; every process makes the same choice. A
+    failure that is not damage (memory, I/O, permissions, time) raises RestoreFailed and touches no
+    checkpoint. A model-shape change is a UserError.
     """
+    self._join_proving()  # A rollback may come while the newest save's checksums are being written.
     for step in sorted(self.manager.all_steps(), reverse=True):
       self._check_shapes(step, target)
-      restored, error = None, None
-      try:
-        restored = self.manager.restore(
-          step,
-          args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
-        )
-      except MemoryError:
-        raise
-      except Exception as e:  # noqa: BLE001 - any other failure to read: this checkpoint is unusable.
+      step_dir = os.path.join(self.directory, str(step))
+      proof, error = False, None
+      try:  # Each process reads its share of the files.
+        proof = checkpoint_proof.verify(step_dir, (jax.process_index(), jax.process_count()))
+      except OSError as e:
         error = e
-      # Each process reads its own shards: all fall back together if any one failed.
+      if not multihost.all_agree(f"proof_{step}", not isinstance(proof, str), timeout_s=600):
+        self._skip(step, proof if isinstance(proof, str) else None, set_aside)
+        continue
+      restored = None
+      if error is None:
+        try:
+          restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
+          )
+        except Exception as e:  # noqa: BLE001 - judged below, with every process's view.
+          error = e
+      # Each process reads its own shards: all fall back, or all stop, together.
       if multihost.all_agree(f"restore_{step}", error is None, timeout_s=600):
         return Restored(restored["state"], restored["data"], step)
-      self._skip(step, error, set_aside)
+      kind = checkpoint_proof.failure_kind(error) if error is not None else None
+      maybe_damage = kind is None and proof is not True
+      if multihost.all_agree(f"damage_{step}", maybe_damage, timeout_s=600):
+        self._skip(step, error, set_aside)
+        continue
+      out_of_memory = not multihost.all_agree(f"memory_{step}", kind != "resources", timeout_s=600)
+      raise self._restore_failed(step, error, proof is True, out_of_memory, target)
     return None
+
+  def _restore_failed(self, step, error, whole: bool, out_of_memory: bool, target) -> Exception:
+    detail = (
+      f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+      if error
+      else "on another process"
+    )
+    kept = "its checksums match; it" if whole else "it"
+    where = (
+      f"checkpoint {step} ({self.directory}/{step}) could not be restored ({detail}); {kept} was left as is"
+    )
+    if out_of_memory:
+      shard_bytes = lambda x: math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+      per_device = sum(shard_bytes(x) for x in jax.tree.leaves(target))
+      return checkpoint_proof.RestoreFailed(
+        f"{where}: out of memory. The state needs {per_device / 2**30:.2f} GiB per device on "
+        f"{jax.device_count()} devices; give it more devices or split it further (mesh.fsdp, "
+        "sharding.strategy=fsdp), then run again",
+        checkpoint_proof.RESOURCES_EXIT,
+      )
+    return checkpoint_proof.RestoreFailed(
+      f"{where}: fix what failed (I/O, permissions, a timeout, a peer) and run again",
+      checkpoint_proof.TRANSIENT_EXIT,
+    )
 
   def saved_config(self, step: int) -> dict:
     """The config checkpoint `step` was trained with (as JSON)."""
@@ -204,8 +248,10 @@ class Checkpoints:
           f"checkpoint {step} {what} {min(names)} ({hint}); restore the model config or use a new --workdir"
         )
 
-  def _skip(self, step: int, error: Exception | None, set_aside: bool) -> None:
-    detail = f"{type(error).__name__}: {str(error)[:200]}" if error else "another process could not read it"
+  def _skip(self, step: int, error: Exception | str | None, set_aside: bool) -> None:
+    detail = error if isinstance(error, str) else "another process could not read it"
+    if isinstance(error, Exception):
+      detail = f"{type(error).__name__}: {str(error)[:200]}"
     message = f"checkpoint {step} is damaged and was skipped ({detail})"
     logging.warning(message)
     print(f"warning: {message}", flush=True)
@@ -246,10 +292,27 @@ class Checkpoints:
     if self._pending:
       self.manager.wait_until_finished()
       self._record()
+    self._join_proving()
+
+  def _join_proving(self) -> None:
+    if self._proving:
+      self._proving.join()
+      self._proving = None
+
+  @staticmethod
+  def _prove(step: int, step_dir: str) -> None:
+    try:
+      checkpoint_proof.write(step_dir)
+    except OSError as e:  # A full disk, say: the checkpoint stays whole, only unproven.
+      print(f"warning: checkpoint {step}: checksums not written ({e}); it stays unproven", flush=True)
 
   def _record(self) -> None:
     step, started, blocking = self._pending
     self._pending = None
+    if jax.process_index() == 0 and os.path.isdir(step_dir := os.path.join(self.directory, str(step))):
+      # Committed: its checksums, off the loop's thread (a kill before they land leaves it unproven).
+      self._proving = threading.Thread(target=self._prove, args=(step, step_dir), daemon=True)
+      self._proving.start()
     self._records.append(
       {"event": "checkpoint", "step": step, "blocking_s": blocking, "write_s": time.time() - started}
     )
