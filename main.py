@@ -137,8 +137,10 @@ def main(argv):
     _interrupted(e)
   except UserError as e:
     _fail(str(e), code=getattr(e, "exit_code", 2))
-  except OSError as e:  # An unwritable or misplaced --workdir, a missing data file.
-    _fail(f"{e.filename or ''}: {e.strerror or e}")
+  except OSError as e:  # A misplaced --workdir or data file (2); a full disk or an I/O error (3).
+    from trainer import failures
+
+    _fail(*failures.os_error_line(e, _WORKDIR.value))
 
 
 if __name__ == "__main__":

@@ -224,8 +224,10 @@ def test_a_changed_byte_is_proven_damage_and_an_unproven_checkpoint_is_judged_by
   np.testing.assert_array_equal(_trajectory(workdir), straight)
 
   # Without checksums (written before they existed) a failure's kind decides: EIO is not damage.
-  assert checkpoint_proof.failure_kind(OSError(5, "Input/output error")) == "environment"
-  assert checkpoint_proof.failure_kind(ValueError("Error opening chunk: DATA_LOSS")) is None
+  from trainer import failures
+
+  assert failures.failure_kind(OSError(5, "Input/output error")) == "environment"
+  assert failures.failure_kind(ValueError("Error opening chunk: DATA_LOSS")) is None
   wrapped = RuntimeError("restore failed")
   wrapped.__cause__ = MemoryError()
-  assert checkpoint_proof.failure_kind(wrapped) == "resources"
+  assert failures.failure_kind(wrapped) == "resources"

@@ -1,8 +1,11 @@
 """Mistakes a user can make end the process non-zero with one `error:` line, not a traceback."""
 
+import subprocess
+import sys
+
 import pytest
 
-from tests.conftest import run_main
+from tests.conftest import REPO, run_main, train_losses
 
 SMOKE = "--config=configs/smoke_cpu.py"
 
@@ -94,3 +97,52 @@ def test_single_device_runs_the_same_code_path_and_caches_its_compilations_in_th
     startup = json.load(f)["startup_s"]
   assert set(startup) == {"imports", "build", "init", "compile"} and all(v >= 0 for v in startup.values())
   assert startup["imports"] > 0.5  # JAX alone takes longer than that to import.
+
+
+def test_a_full_disk_is_one_line_naming_the_space_and_restartable(tmp_path):
+  """A workdir on a real size-limited tmpfs, filled after checkpoint 2: one error: line saying where
+  and how much, exit 3 (restart), checkpoint 2 still proven whole; with space again the same command
+  finishes and matches a run that never hit the full disk."""
+  import shutil as sh
+
+  from trainer import checkpoint_proof
+
+  mount = tmp_path / "small"
+  mount.mkdir()
+  if subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True
+  ).returncode:
+    pytest.skip("cannot mount a tmpfs here (needs root)")
+  try:
+    flags = ["--config=configs/smoke_cpu.py:tiny,steps=8", "--cpu_devices=8", "--config.checkpoint.every=2"]
+    run = lambda workdir, *extra: subprocess.run(
+      [sys.executable, "main.py", *flags, f"--workdir={workdir}", *extra],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    workdir, reference = mount / "run", tmp_path / "reference"
+    for w in (workdir, reference):
+      assert run(w, "--config.steps=2").returncode == 0
+    filler = mount / "filler"
+    with open(filler, "wb") as f:  # Every byte left, as another job's output would.
+      try:
+        while f.write(b"\0" * 65536):
+          f.flush()
+      except OSError:
+        pass
+    metrics = (workdir / "metrics.jsonl").read_text()
+    full = run(workdir)
+    errors = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    assert full.returncode == 3 and len(errors) == 1, full.stderr[-3000:]
+    assert "no space left on the disk of" in errors[0] and "a checkpoint of this run takes" in errors[0]
+    assert "Traceback" not in full.stderr
+    assert checkpoint_proof.verify(str(workdir / "checkpoints" / "2")) is True
+    assert (workdir / "metrics.jsonl").read_text().startswith(metrics)  # Nothing of the history lost.
+    filler.unlink()
+    assert run(workdir).returncode == 0 and run(reference).returncode == 0
+    assert train_losses(str(workdir)) == train_losses(str(reference))
+  finally:
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    sh.rmtree(mount, ignore_errors=True)

@@ -6,14 +6,13 @@ resized or changed proves damage, and only then is the checkpoint set aside. A c
 all match is whole, so a failure to read it is the environment's (memory, I/O, permissions, time);
 it stops the run with one line and touches nothing. A checkpoint written before checksums existed, or
 killed between commit and checksums, is unproven: its read failures are judged by their kind
-(`failure_kind`), damage where nothing says otherwise, as before.
+(trainer/failures.py), damage where nothing says otherwise, as before.
 
 Cost: one read of the checkpoint's files per save, in a background thread on process 0 (a shared file
 system holds every process's shards; about 0.6 s for a 1.3 GB state here), and one per restore, its
 files shared out among the processes.
 """
 
-import errno
 import hashlib
 import json
 import os
@@ -22,28 +21,6 @@ from errors import UserError
 
 NAME = "checksums.json"
 VERSION = 1
-
-# Exit codes (launch/restart_policy.py): a restart helps after a transient fault; after running out of
-# memory only once something changed (fewer per-device bytes, more devices), so launchers do not loop.
-TRANSIENT_EXIT, RESOURCES_EXIT = 3, 5
-_ENVIRONMENT_ERRNOS = {
-  errno.EIO,
-  errno.EACCES,
-  errno.EPERM,
-  errno.ENOSPC,
-  errno.EDQUOT,
-  errno.EROFS,
-  errno.ETIMEDOUT,
-  errno.ESTALE,
-  errno.ENETDOWN,
-  errno.ENETUNREACH,
-  errno.ECONNRESET,
-  errno.EAGAIN,
-  errno.EBUSY,
-}
-# Status names that tensorstore and XLA put in their messages (absl status codes).
-_RESOURCES_WORDS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")
-_ENVIRONMENT_WORDS = ("PERMISSION_DENIED", "DEADLINE_EXCEEDED", "UNAVAILABLE", "Input/output error")
 
 
 class RestoreFailed(UserError):
@@ -94,23 +71,6 @@ def verify(step_dir: str, part: tuple[int, int] = (0, 1)) -> bool | str:
     if _digest(full)[1] != digest:
       return f"{rel} changed (sha256 differs)"
   return True
-
-
-def failure_kind(error: BaseException | None) -> str | None:
-  """'resources' (out of memory), 'environment' (I/O, permissions, time) or None (possibly damage),
-  from the exception and everything it was raised from or during."""
-  seen = []
-  while error is not None and error not in seen:
-    seen.append(error)
-    text = f"{type(error).__name__}: {error}"
-    if isinstance(error, MemoryError) or any(w in text for w in _RESOURCES_WORDS):
-      return "resources"
-    if isinstance(error, TimeoutError) or (isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS):
-      return "environment"
-    if any(w in text for w in _ENVIRONMENT_WORDS):
-      return "environment"
-    error = error.__cause__ or error.__context__
-  return None
 
 
 def _digest(path: str) -> tuple[int, str]:

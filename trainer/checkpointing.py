@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from errors import UserError
-from trainer import checkpoint_proof, multihost
+from trainer import checkpoint_proof, failures, multihost
 from trainer.state import TrainState, path_keys
 
 DATA_POSITION_VERSION = 2
@@ -188,7 +188,7 @@ class Checkpoints:
       # Each process reads its own shards: all fall back, or all stop, together.
       if multihost.all_agree(f"restore_{step}", error is None, timeout_s=600):
         return Restored(restored["state"], restored["data"], step)
-      kind = checkpoint_proof.failure_kind(error) if error is not None else None
+      kind = failures.failure_kind(error) if error is not None else None
       maybe_damage = kind is None and proof is not True
       if multihost.all_agree(f"damage_{step}", maybe_damage, timeout_s=600):
         self._skip(step, error, set_aside)
@@ -214,11 +214,11 @@ class Checkpoints:
         f"{where}: out of memory. The state needs {per_device / 2**30:.2f} GiB per device on "
         f"{jax.device_count()} devices; give it more devices or split it further (mesh.fsdp, "
         "sharding.strategy=fsdp), then run again",
-        checkpoint_proof.RESOURCES_EXIT,
+        failures.RESOURCES_EXIT,
       )
     return checkpoint_proof.RestoreFailed(
       f"{where}: fix what failed (I/O, permissions, a timeout, a peer) and run again",
-      checkpoint_proof.TRANSIENT_EXIT,
+      failures.TRANSIENT_EXIT,
     )
 
   def saved_config(self, step: int) -> dict:
