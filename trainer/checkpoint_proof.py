@@ -38,7 +38,7 @@ def write(step_dir: str) -> None:
     for name in sorted(names):
       path = os.path.join(root, name)
       rel = os.path.relpath(path, step_dir)
-      if rel != NAME and not rel.startswith(NAME):
+      if not rel.startswith(NAME):  # Itself, and its .tmp.
         files[rel] = _digest(path)
   tmp = os.path.join(step_dir, NAME + ".tmp")
   with open(tmp, "w") as f:
@@ -66,8 +66,8 @@ def verify(step_dir: str, part: tuple[int, int] = (0, 1)) -> bool | str:
     full = os.path.join(step_dir, rel)
     if not os.path.exists(full):
       return f"{rel} is missing"
-    if os.path.getsize(full) != size:
-      return f"{rel} has {os.path.getsize(full)} bytes, {size} when saved"
+    if (now := os.path.getsize(full)) != size:  # Cheap, before reading the file.
+      return f"{rel} has {now} bytes, {size} when saved"
     if _digest(full)[1] != digest:
       return f"{rel} changed (sha256 differs)"
   return True

@@ -249,9 +249,10 @@ class Checkpoints:
         )
 
   def _skip(self, step: int, error: Exception | str | None, set_aside: bool) -> None:
-    detail = error if isinstance(error, str) else "another process could not read it"
     if isinstance(error, Exception):
       detail = f"{type(error).__name__}: {str(error)[:200]}"
+    else:  # The proof of damage, or nothing: another process found it.
+      detail = error or "another process could not read it"
     message = f"checkpoint {step} is damaged and was skipped ({detail})"
     logging.warning(message)
     print(f"warning: {message}", flush=True)
