@@ -9,9 +9,20 @@ import os
 import numpy as np
 
 from data import prepare
-from errors import UserError
+from errors import UserError, require_keys
 
 _RERUN = "re-run `python -m data.prepare`"
+# What training, evaluation and decoding read from metadata.json (data.prepare writes more).
+_READ_KEYS = (
+  "seq_len",
+  "vocab_size",
+  "tokenizer",
+  "pad_id",
+  "eos_id",
+  "num_records",
+  "shards",
+  "fingerprint",
+)
 
 
 def load_metadata(directory: str) -> dict:
@@ -35,6 +46,9 @@ def load_metadata(directory: str) -> dict:
   if not isinstance(metadata, dict) or metadata.get("version") != prepare.VERSION:
     found = metadata.get("version") if isinstance(metadata, dict) else None
     raise UserError(f"{path} has format version {found}, this code reads {prepare.VERSION}; {_RERUN}")
+  require_keys(metadata, _READ_KEYS, path, _RERUN)
+  for key in ("num_records", "shards"):
+    require_keys(metadata[key], ("train", "eval"), f"{path}'s {key}", _RERUN)
   return metadata
 
 

@@ -52,7 +52,7 @@ def past_startup(workdir: str | None, process: int, since: float) -> bool:
           row = json.loads(line)
         except ValueError:
           continue
-        if row.get("event") == "start" and row.get("time", 0) > since:
+        if isinstance(row, dict) and row.get("event") == "start" and row.get("time", 0) > since:
           return True
   except (OSError, TypeError):
     pass

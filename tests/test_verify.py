@@ -6,6 +6,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -13,7 +14,7 @@ from experiments import lm
 from tests.conftest import run_main, tiny_config
 from trainer.verify import verify
 
-PROPERTIES = ("additivity", "padding_inert", "one_division", "device_count")
+PROPERTIES = ("additivity", "padding_inert", "one_division", "rows_separate", "device_count")
 
 
 def _xent(model, batch):
@@ -102,3 +103,44 @@ def test_verify_in_two_processes_prints_every_property_and_passes(tmp_path):
   assert report["tolerance"] == {"loss_relative": 1e-5, "norm_ratio": 1e-3}
   assert {p["name"] for p in report["properties"]} == set(PROPERTIES)
   assert {r["step"] for r in report["rows"]} == {1, 2, 3} and all(r["pass"] for r in report["rows"])
+
+
+def test_a_make_batch_that_looks_across_rows_fails_rows_separate(tmp_path, monkeypatch, capsys):
+  """Training applies make_batch to each process's rows alone: one that shifts rows (row i takes row
+  i-1's inputs) feeds each topology different examples, and verify says so even in one process."""
+  make_batch = lm.make_batch
+
+  def shifts_rows(records, valid, **kw):
+    batch = make_batch(records, valid, **kw)
+    return {**batch, "inputs": np.roll(batch["inputs"], 1, axis=0)}
+
+  monkeypatch.setattr(lm, "make_batch", shifts_rows)
+  assert not verify(tiny_config(), str(tmp_path), steps=1)
+  lines = capsys.readouterr().out.splitlines()
+  assert any(line.startswith("rows_separate") and "FAIL" in line for line in lines), "\n".join(lines)
+  assert lines[-1].startswith("verify: FAIL (") and "rows_separate" in lines[-1]
+
+
+def test_on_one_device_verify_skips_what_it_cannot_compare_and_says_why(tmp_path):
+  """One device and a batch of one row: no other device count, no mesh unlike the reference, no
+  padding and no rows to split. Each is a SKIP line with its reason, never a PASS, and the verdict
+  rests on what was checked."""
+  result = run_main(
+    "--mode=verify",
+    "--config=configs/smoke_cpu.py:tiny",
+    f"--workdir={tmp_path}",
+    "--cpu_devices=1",
+    "--config.global_batch_size=1",
+    "--config.microbatches=1",
+  )
+  assert result.returncode == 0, result.stdout + result.stderr
+  lines = result.stdout.splitlines()
+  skips = {line.split()[0]: line for line in lines if " SKIP " in line}
+  assert set(skips) == {"device_count", "mesh_vs_one", "padding_inert", "rows_separate"}, lines
+  assert "several devices" in skips["device_count"] and "several devices" in skips["mesh_vs_one"]
+  assert not any(line.startswith(("device_count", "mesh_vs_one")) and "PASS" in line for line in lines)
+  assert any(line.startswith("additivity") and "PASS" in line for line in lines)
+  assert lines[-1] == "verify: PASS"
+  with open(os.path.join(tmp_path, "verify.json")) as f:
+    results = {p["name"]: p["result"] for p in json.load(f)["properties"]}
+  assert results["device_count"] == "SKIP" and results["additivity"] == "PASS"

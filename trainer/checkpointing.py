@@ -18,7 +18,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from errors import UserError
+from errors import UserError, require_keys
 from trainer import checkpoint_proof, failures, multihost
 from trainer.state import TrainState, path_keys
 
@@ -64,10 +64,14 @@ def data_position(step: int, batch_offset: int, comp, rollbacks: int = 0) -> dic
 
 def check_data_position(saved: dict, step: int, comp, allow_changed_data: bool) -> None:
   """The checkpoint's data position must describe the data and order this run would read."""
-  if saved.get("version") != DATA_POSITION_VERSION:
+  where = f"checkpoint {step}'s data position"
+  require_keys(saved, ("version",), where, "it was not written by this trainer: use a new --workdir")
+  if saved["version"] != DATA_POSITION_VERSION:
     raise UserError(
-      f"checkpoint {step}: data position version {saved.get('version')} is not {DATA_POSITION_VERSION}"
+      f"checkpoint {step}: data position version {saved['version']} is not {DATA_POSITION_VERSION}"
     )
+  keys = ("step", "next_batch", "batch_offset", "num_records", "fingerprint")
+  require_keys(saved, keys, where, "it was written by other code: use a new --workdir")
   if saved["step"] != step or saved["next_batch"] != step + saved["batch_offset"]:
     raise UserError(f"checkpoint {step}: its data position {saved} does not belong to step {step}")
   now = data_position(step, saved["batch_offset"], comp)

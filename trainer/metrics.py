@@ -9,6 +9,8 @@ import time
 import jax
 import numpy as np
 
+from trainer import rundir
+
 
 def device_label(devices=None) -> str:
   """'8 x cpu (logical CPU devices ...)' or '8 x NVIDIA H200': every report says which it is."""
@@ -37,15 +39,10 @@ def truncate_jsonl(path: str, after_step: int, drop_eval_at: int | None = None) 
   if not os.path.exists(path):
     return None
   rows, batches = [], [-1]
-  with open(path) as f:
-    for line in f:
-      try:
-        row = json.loads(line)
-      except ValueError:
-        continue
-      batches.append(row.get("batch", -1))
-      if row.get("step", 0) <= after_step and not (row.get("step") == drop_eval_at and _is_eval_row(row)):
-        rows.append(json.dumps(row) + "\n")
+  for row in rundir.read_jsonl(path):
+    batches.append(row.get("batch", -1))
+    if row.get("step", 0) <= after_step and not (row.get("step") == drop_eval_at and _is_eval_row(row)):
+      rows.append(json.dumps(row) + "\n")
   with open(path + ".tmp", "w") as f:
     f.writelines(rows)
   os.replace(path + ".tmp", path)
@@ -101,8 +98,7 @@ class MetricsLog:
     """The train row logged at `step` (process 0; {} elsewhere or if none)."""
     if not self.is_main:
       return {}
-    with open(self._metrics.name) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
+    rows = rundir.read_jsonl(self._metrics.name)
     return next((r for r in reversed(rows) if r.get("step") == step and "loss" in r), {})
 
   @staticmethod

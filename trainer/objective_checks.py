@@ -5,6 +5,7 @@ sharding: what --mode=verify asks of an experiment's loss_sums, in its own terms
   padding_inert  padding rows add nothing to the sum, the count or a metric
   one_division   the trained loss and gradient = jax.grad(sum of loss sums / sum of counts) over the
                  valid examples only
+  rows_separate  make_batch on slices of rows (as each process applies it) = the whole batch's rows
 Each returns a Check: the figure, the tolerance it is held to and, on a FAIL, what it usually means.
 """
 
@@ -25,10 +26,22 @@ class Check:
   detail: str  # What was compared, with the figures.
   meaning: str = ""  # On a FAIL: the usual cause in a fork.
   also_ok: bool = True  # A second condition the detail states (one_division's loss).
+  skipped: bool = False  # Nothing to compare here (the detail says why): neither PASS nor FAIL.
 
   @property
   def passed(self) -> bool:
+    if self.skipped:
+      return True
     return bool(np.isfinite(self.figure)) and self.figure <= self.tolerance and self.also_ok
+
+  @property
+  def result(self) -> str:
+    return "SKIP" if self.skipped else "PASS" if self.passed else "FAIL"
+
+
+def skip(name: str, reason: str) -> Check:
+  """A property verify could not check on this set-up, printed as SKIP with the reason."""
+  return Check(name, 0, 0.0, 0.0, reason, skipped=True)
 
 
 def _rel(a, b) -> float:
@@ -163,6 +176,8 @@ def _worst_group(a, b) -> tuple[float, str]:
 
 
 def device_count(grad_norms: dict[int, float], step: int, tol: float) -> Check:
+  if len(grad_norms) < 2:
+    return skip("device_count", f"one device count only ({min(grad_norms)}): run verify on several devices")
   base = grad_norms[min(grad_norms)]
   worst = max(_rel(v, base) for v in grad_norms.values())
   figures = ", ".join(f"{n}: {v:.6g}" for n, v in sorted(grad_norms.items()))
@@ -174,6 +189,32 @@ def device_count(grad_norms: dict[int, float], step: int, tol: float) -> Check:
     f"gradient norm on {figures} devices",
     "the gradient changes with the device count: the loss depends on how the batch is split "
     "(a mean per device, a sum of per-device means, a normalization by the local batch size)",
+  )
+
+
+def rows_separate(whole: dict, pieces: list[dict], step: int) -> Check:
+  """make_batch on a process's rows alone (each piece) gives those rows of make_batch on the whole
+  batch: training applies it per process, so a make_batch that looks across rows (a batch mean, a
+  shuffle) would feed each topology different examples."""
+  worst, where = 0.0, ""
+  for k, v in whole.items():
+    joined = np.concatenate([np.asarray(p[k]) for p in pieces])
+    if joined.shape != np.shape(v):
+      worst, where = float("inf"), f"{k}: shape {joined.shape} vs {np.shape(v)}"
+      continue
+    a, b = np.asarray(joined, np.float64), np.asarray(v, np.float64)
+    diff = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30), initial=0.0))
+    if diff > worst:
+      worst, where = diff, f"{k} differs, worst element {diff:.1e} relative"
+  return Check(
+    "rows_separate",
+    step,
+    worst,
+    0.0,
+    f"make_batch on {len(pieces)} slices of rows, as {len(pieces)} processes would, vs the whole batch: "
+    f"{where or 'identical'}",
+    "make_batch looks across rows (normalizes by the batch, shuffles or packs across rows): each "
+    "process applies it to its own rows only; make each row's arrays depend on that row alone",
   )
 
 

@@ -17,6 +17,8 @@ metrics.jsonl (kept by later resumes, so summary.json lists every restart):
 import json
 import os
 
+from trainer import rundir
+
 
 def from_env() -> dict | None:
   text = os.environ.get("LAUNCH_RECOVERY")
@@ -52,16 +54,6 @@ def line(r: dict) -> str:
 
 def history(workdir: str) -> list[dict]:
   """Every recovery row in WORKDIR/metrics.jsonl."""
-  rows = []
-  try:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      for text in f:
-        try:
-          r = json.loads(text)
-        except ValueError:
-          continue
-        if r.get("event") == "recovery":
-          rows.append(r)
-  except OSError:
-    pass
-  return rows
+  return [
+    r for r in rundir.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r.get("event") == "recovery"
+  ]

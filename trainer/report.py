@@ -14,10 +14,12 @@ Reads only the files; needs no JAX. Every plot's title carries summary.json's de
 
 import argparse
 import glob
-import json
 import os
 import re
 import sys
+
+from errors import UserError
+from trainer import rundir
 
 BREAKDOWN = (
   ("data_wait_s", "data wait"),
@@ -28,30 +30,14 @@ BREAKDOWN = (
 )
 
 
-def _rows(path: str) -> list[dict]:
-  if not os.path.exists(path):
-    return []
-  rows = []
-  with open(path) as f:
-    for line in f:
-      try:
-        rows.append(json.loads(line))
-      except ValueError:  # A line torn by a kill.
-        continue
-  return rows
-
-
 def _load(workdir: str) -> dict:
-  metrics = _rows(os.path.join(workdir, "metrics.jsonl"))
+  metrics = rundir.read_jsonl(os.path.join(workdir, "metrics.jsonl"), required=("step",))
   if not metrics:
-    raise SystemExit(f"error: {workdir}/metrics.jsonl is missing or empty: is --workdir a run directory?")
-  summary = {}
-  if os.path.exists(path := os.path.join(workdir, "summary.json")):
-    with open(path) as f:
-      summary = json.load(f)
+    raise UserError(f"{workdir}/metrics.jsonl is missing or empty: is --workdir a run directory?")
+  summary = rundir.read_json_object(os.path.join(workdir, "summary.json")) or {}
   processes = {}
   for path in glob.glob(os.path.join(workdir, "processes", "process_*.jsonl")):
-    processes[int(re.search(r"process_(\d+)", path)[1])] = _rows(path)
+    processes[int(re.search(r"process_(\d+)", path)[1])] = rundir.read_jsonl(path, required=("step",))
   return {"metrics": metrics, "summary": summary, "processes": processes}
 
 
@@ -130,7 +116,7 @@ def plot(workdir: str, out: str) -> list[str]:
   save(fig, "step_time.png")
 
   split = summary.get("goodput")
-  if split:
+  if isinstance(split, dict) and "goodput" in split:
     from trainer.goodput import CATEGORIES
 
     fig, ax = plt.subplots(figsize=(10, 2.8))
@@ -153,7 +139,10 @@ def main(argv=None) -> list[str]:
   parser.add_argument("--workdir", required=True, help="a run directory (main.py's --workdir)")
   parser.add_argument("--out", default=None, help="where the PNGs go (default WORKDIR/report)")
   args = parser.parse_args(argv)
-  written = plot(args.workdir, args.out or os.path.join(args.workdir, "report"))
+  try:
+    written = plot(args.workdir, args.out or os.path.join(args.workdir, "report"))
+  except UserError as e:
+    raise SystemExit(f"error: {e}") from None
   for path in written:
     print(f"wrote {path}")
   return written

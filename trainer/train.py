@@ -22,6 +22,7 @@ from trainer import (
   recovery,
   replicas,
   resume_policy,
+  rundir,
   runtime,
   straggler,
 )
@@ -106,7 +107,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
   last_step = config.steps if stop_after is None else min(stop_after, config.steps)
   summary_path = os.path.join(workdir, "summary.json")
   if start >= last_step:
-    summary = _read_json(summary_path)
+    summary = rundir.read_json_object(summary_path)
     # A kill after the final checkpoint but before the summary: the rerun finishes evaluation and summary.
     complete = summary is not None and summary.get("final_step") == start
     timeout_s = config.watchdog.step_timeout_s
@@ -389,11 +390,3 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
   if last and step == config.steps:
     console(closing_line(step, last, eval_row, comp.sources.loss_floor))
   return summary
-
-
-def _read_json(path: str) -> dict | None:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):  # Missing, or torn by a kill mid-write.
-    return None

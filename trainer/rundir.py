@@ -1,0 +1,40 @@
+"""Reading back what a run wrote into its directory, without JAX (the launchers and reports use it).
+
+Every file here can be torn by a kill mid-write or edited by hand: a reader gets the rows it can
+trust (errors.require_keys names what an incomplete one lacks).
+"""
+
+import json
+
+from errors import require_keys
+
+# Every row the trainer writes has its step; one without was written by other code or by hand.
+_NOT_OURS = "the trainer did not write this row: remove it"
+
+
+def read_jsonl(path: str, required: tuple[str, ...] = ()) -> list[dict]:
+  """The JSON-object rows of a .jsonl file; a line torn by a kill (or anything but an object) is
+  skipped, a row without a `required` key is a UserError naming it. A missing file has no rows."""
+  rows = []
+  try:
+    with open(path) as f:
+      for number, line in enumerate(f, 1):
+        try:
+          row = json.loads(line)
+        except ValueError:
+          continue
+        if isinstance(row, dict):
+          rows.append(require_keys(row, required, f"{path} line {number}", _NOT_OURS))
+  except FileNotFoundError:
+    pass
+  return rows
+
+
+def read_json_object(path: str) -> dict | None:
+  """A JSON object file written atomically (summary.json); None if missing, torn or not an object."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return value if isinstance(value, dict) else None
