@@ -160,46 +160,78 @@ def _listing(workdir):
   return sorted(os.listdir(os.path.join(workdir, "checkpoints")))
 
 
+def _raising(fault):
+  """Orbax's restore raising `fault` (as tensorstore and XLA raise it) for a checkpoint it can read."""
+  import orbax.checkpoint as ocp
+
+  def failing_restore(self, step, args=None, **kw):
+    raise fault
+
+  return lambda m: m.setattr(ocp.CheckpointManager, "restore", failing_restore)
+
+
+def _devices_report(free_bytes):
+  """The devices reporting their memory as an accelerator's allocator does, with little of it free;
+  Orbax must then not be asked to restore at all."""
+
+  def inject(m):
+    _raising(AssertionError("restore attempted"))(m)
+    stats = {"bytes_limit": free_bytes + 2**20, "bytes_in_use": 2**20}
+    m.setattr(type(jax.devices()[0]), "memory_stats", lambda self: stats)
+
+  return inject
+
+
 @pytest.mark.parametrize(
-  "fault, code, words",
+  "inject, code, words",
   [
     (
-      lambda: jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 2.00GiB"),
+      _raising(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 2.00GiB")),
       5,
       "out of memory",
     ),
-    (lambda: OSError(5, "Input/output error"), 3, "fix what failed"),
+    (_raising(OSError(5, "Input/output error")), 3, "fix what failed"),
+    (_devices_report(4096), 5, "which has 0.00 GiB free; give it more devices"),
   ],
-  ids=["out_of_memory", "EIO"],
+  ids=["out_of_memory", "EIO", "too_big_for_the_devices"],
 )
 def test_a_restore_that_fails_but_is_not_damage_stops_and_touches_nothing(
-  tmp_path, straight, monkeypatch, fault, code, words
+  tmp_path, straight, monkeypatch, inject, code, words
 ):
-  """Orbax raising out of memory or an I/O error while it reads a whole checkpoint: one error naming
-  the checkpoint and what to change, a restartable or resources exit code, no checkpoint set aside,
-  no history truncated; the rerun without the fault continues bit for bit."""
-  import orbax.checkpoint as ocp
-
+  """Orbax raising out of memory or an I/O error while it reads a whole checkpoint, or devices too
+  small for the state (said before reading): one error naming the checkpoint and what to change, a
+  restartable or resources exit code, no checkpoint set aside, no history truncated; the rerun
+  without the fault continues bit for bit."""
   from trainer import checkpoint_proof
 
   workdir = str(tmp_path)
   train(_cfg(), workdir, stop_after=6)
   assert checkpoint_proof.verify(os.path.join(workdir, "checkpoints", "6")) is True  # Proven whole.
   before, metrics = _listing(workdir), open(os.path.join(workdir, "metrics.jsonl")).read()
-
-  def failing_restore(self, step, args=None, **kw):
-    raise fault()
-
   with monkeypatch.context() as m:
-    m.setattr(ocp.CheckpointManager, "restore", failing_restore)
+    inject(m)
     with pytest.raises(checkpoint_proof.RestoreFailed) as e:
       train(_cfg(), workdir)
   assert e.value.exit_code == code and "checkpoint 6" in str(e.value) and words in str(e.value), e.value
-  assert "\n" not in str(e.value) and "checksums match" in str(e.value)
+  assert "\n" not in str(e.value) and ("checksums match" in str(e.value) or "not restored" in str(e.value))
   assert _listing(workdir) == before  # Nothing renamed, nothing deleted.
   assert open(os.path.join(workdir, "metrics.jsonl")).read() == metrics
   train(_cfg(), workdir)
   np.testing.assert_array_equal(_trajectory(workdir), straight)
+
+
+def test_cpu_devices_are_bounded_by_the_hosts_memory():
+  """CPU devices report no memory of their own: the host's MemAvailable (or a cgroup's limit) bounds
+  them, so a state larger than the machine is refused before it is read."""
+  from trainer import device_memory
+
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  available = device_memory.host_available_bytes()
+  assert 0 < available < 2**50
+  small = jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=sharding)
+  huge = jax.ShapeDtypeStruct((available // 4 + 2**20,), jnp.float32, sharding=sharding)
+  assert device_memory.shortfall({"w": small}) is None
+  assert "of host memory" in device_memory.shortfall({"w": small, "v": huge})
 
 
 def test_a_changed_byte_is_proven_damage_and_an_unproven_checkpoint_is_judged_by_its_error(

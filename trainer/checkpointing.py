@@ -6,7 +6,6 @@ a kill are ignored and cleaned. A background save error surfaces in the loop at 
 """
 
 import json
-import math
 import os
 import subprocess
 import threading
@@ -19,7 +18,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from errors import UserError, require_keys
-from trainer import checkpoint_proof, failures, multihost
+from trainer import checkpoint_proof, device_memory, failures, multihost
 from trainer.state import TrainState, path_keys
 
 DATA_POSITION_VERSION = 2
@@ -114,6 +113,9 @@ def _paths_and_shapes(tree) -> dict[str, tuple]:
   return out
 
 
+_LOWER_MEMORY = "give it more devices or split it further (mesh.fsdp, sharding.strategy=fsdp), then run again"
+
+
 class Restored(NamedTuple):
   state: TrainState
   data: dict  # The data position (see data_position).
@@ -160,16 +162,26 @@ class Checkpoints:
       "meta": ocp.JsonCheckpointHandler(),
     }
 
-  def restore_latest(self, target: TrainState, set_aside: bool = True) -> Restored | None:
+  def restore_latest(
+    self, target: TrainState, set_aside: bool = True, check_memory: bool = True
+  ) -> Restored | None:
     """The newest checkpoint that restores, onto `target`'s shardings (any mesh or device count).
 
     One proven damaged (trainer/checkpoint_proof.py), or unproven and failing as damage would, is
     reported, skipped and (with `set_aside`) moved aside; every process makes the same choice. A
     failure that is not damage (memory, I/O, permissions, time) raises RestoreFailed and touches no
-    checkpoint. A model-shape change is a UserError.
+    checkpoint, as does a state too large for this process's devices (`check_memory`). A model-shape
+    change is a UserError.
     """
     self._join_proving()  # A rollback may come while the newest save's checksums are being written.
-    for step in sorted(self.manager.all_steps(), reverse=True):
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    # Said before any byte is read (not on a rollback: the state it replaces still holds the memory).
+    short = device_memory.shortfall(target) if steps and check_memory else None
+    if not multihost.all_agree("state_fits", short is None, timeout_s=600):
+      where = f"checkpoint {steps[0]} ({self.directory}/{steps[0]}) was not restored and was left as is"
+      why = short or "it does not fit on another process's devices"
+      raise checkpoint_proof.RestoreFailed(f"{where}: {why}; {_LOWER_MEMORY}", failures.RESOURCES_EXIT)
+    for step in steps:
       self._check_shapes(step, target)
       step_dir = os.path.join(self.directory, str(step))
       proof, error = False, None
@@ -212,12 +224,10 @@ class Checkpoints:
       f"checkpoint {step} ({self.directory}/{step}) could not be restored ({detail}); {kept} was left as is"
     )
     if out_of_memory:
-      shard_bytes = lambda x: math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-      per_device = sum(shard_bytes(x) for x in jax.tree.leaves(target))
+      per_device = max(device_memory.bytes_per_device(target).values(), default=0)
       return checkpoint_proof.RestoreFailed(
         f"{where}: out of memory. The state needs {per_device / 2**30:.2f} GiB per device on "
-        f"{jax.device_count()} devices; give it more devices or split it further (mesh.fsdp, "
-        "sharding.strategy=fsdp), then run again",
+        f"{jax.device_count()} devices; {_LOWER_MEMORY}",
         failures.RESOURCES_EXIT,
       )
     return checkpoint_proof.RestoreFailed(

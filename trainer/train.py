@@ -85,7 +85,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
   def restore_or_init(resuming: bool):
     """(state, batch offset, rollbacks so far): the offset counts batches skipped by NaN rollbacks.
     `resuming`: judge what changed in the config since the checkpoint (a rollback changes nothing)."""
-    restored = ckpt.restore_latest(target)
+    restored = ckpt.restore_latest(target, check_memory=resuming)
     if restored is None:
       return init(), 0, 0
     state, position, step = restored.state, restored.data, restored.step

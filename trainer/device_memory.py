@@ -1,0 +1,92 @@
+"""Whether this process's devices can hold a state before anything is read onto them (a restore).
+
+An accelerator reports its own memory (`memory_stats`: the allocator's limit and what is in use). CPU
+devices report none: they share the host's memory, of which the kernel's MemAvailable and a
+container's cgroup limit (v2 memory.max, v1 memory.limit_in_bytes) bound what can still be taken.
+Only the state's own bytes are counted (not a step's temporaries): a state that cannot even be held
+is refused; one that fits may still run out of memory in its first step, which says so itself.
+"""
+
+import math
+import os
+
+import jax
+
+
+def _shard_bytes(leaf) -> int:
+  return math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+
+
+def bytes_per_device(tree) -> dict:
+  """{device: bytes of `tree` it holds}, for this process's devices (`tree`'s leaves carry shardings)."""
+  out = {}
+  for leaf in jax.tree.leaves(tree):
+    for device in leaf.sharding.addressable_devices:
+      out[device] = out.get(device, 0) + _shard_bytes(leaf)
+  return out
+
+
+def _read_int(path: str) -> int | None:
+  try:
+    with open(path) as f:
+      text = f.read().split()[0]
+  except (OSError, IndexError):
+    return None
+  return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit.
+
+
+def host_available_bytes() -> int | None:
+  """What this process can still allocate on the host: MemAvailable, or less under a cgroup limit."""
+  bounds = []
+  try:
+    with open("/proc/meminfo") as f:
+      bounds += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+  except OSError:
+    pass
+  try:
+    with open("/proc/self/cgroup") as f:
+      groups = [line.strip().split(":", 2) for line in f]
+  except OSError:
+    groups = []
+  for _, controllers, path in (g for g in groups if len(g) == 3):
+    if controllers == "":  # v2: one unified hierarchy.
+      base, names = "/sys/fs/cgroup" + path, ("memory.max", "memory.current")
+    elif "memory" in controllers.split(","):
+      base, names = "/sys/fs/cgroup/memory" + path, ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    else:
+      continue
+    limit, used = (_read_int(os.path.join(base, n)) for n in names)
+    if limit is not None and used is not None and limit < 2**60:  # v1 writes a huge number for none.
+      bounds.append(limit - used)
+  return min(bounds) if bounds else None
+
+
+def shortfall(tree) -> str | None:
+  """Why this process's devices cannot hold `tree`, or None when they can (or nothing says how much
+  they have)."""
+  held = bytes_per_device(tree)
+  if not held:
+    return None
+  stats = {d: d.memory_stats() or {} for d in held}
+  if all("bytes_limit" in s for s in stats.values()):
+    free = {d: s["bytes_limit"] - s.get("bytes_in_use", 0) for d, s in stats.items()}
+    worst = max(held, key=lambda d: held[d] - free[d])
+    if held[worst] <= free[worst]:
+      return None
+    return (
+      f"the state needs {_gib(held[worst])} on {worst} (per device, on {jax.device_count()} devices), "
+      f"which has {_gib(free[worst])} free"
+    )
+  available = host_available_bytes()
+  total = sum(held.values())
+  if available is None or total <= available:
+    return None
+  return (
+    f"the state needs {_gib(total)} of host memory for this process's {len(held)} "
+    f"{next(iter(held)).platform} devices ({_gib(max(held.values()))} per device, on "
+    f"{jax.device_count()} devices), and the host has {_gib(available)} available"
+  )
+
+
+def _gib(n: int) -> str:
+  return f"{n / 2**30:.2f} GiB"
