@@ -93,6 +93,11 @@ def get_config(experiment: str = "lm") -> ml_collections.ConfigDict:
   # array of the train state (trainer/replicas.py); a device whose copy differs stops the run (exit 4)
   # before it saves. 0: never. About 6 ms per check for the smoke model on 8 logical CPU devices.
   c.checks.replica_every = 0
+  # Every N steps and on every scheduled save, run the step a second time from a copy of its state and
+  # batch with each shard on another device of the same process, and compare bit for bit
+  # (trainer/recompute.py): what catches a device computing wrong where nothing is replicated (pure
+  # FSDP). Costs one more step and a copy of the state on the checked steps. 0: never.
+  c.checks.recompute_every = 0
 
   c.profile = ml_collections.ConfigDict()
   # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in

@@ -12,9 +12,9 @@ Model: d_model 768, 12 scanned layers, 12 query / 4 key-value heads of 64, SwiGL
 compute with fp32 params, vocabulary 32,768, untied (76M parameters with the 512 of byte-level data).
 Expect: per device on 8 devices (an estimate, from an ahead-of-time compile on 8 logical CPUs with
 XLA's attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
-gathers prefetch): params 63.0 MB + optimizer 126.0 MB, compiled step 33.3 GB on jax 0.12.0.1
+gathers prefetch): params 63.0 MB + optimizer 126.0 MB, compiled step 33.4 GB on jax 0.12.0.1
 (arguments 0.19 GB, temporaries 33.1 GB: XLA's attention holds [32, 12, 2048, 2048] scores that
-cuDNN's kernel does not).
+cuDNN's kernel does not; and a second state for the recompute check).
 Nothing measured on GPUs yet. Check placement and memory first, on a laptop (inspect opens no data):
   python main.py --config=configs/lm_125m.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=8
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
@@ -56,6 +56,7 @@ def get_config(arg=None):
   c.optimizer.warmup_steps = 1_000
   c.checkpoint.every = 1_000
   c.checks.replica_every = 500  # And before every save: a device that computes wrong stops the run.
+  c.checks.recompute_every = 500  # Where nothing is replicated (FSDP): 1.1-1.2 steps per check.
   c.checkpoint.keep_every = 5_000
   c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.step_timeout_s = 600.0

@@ -13,7 +13,8 @@ Model: d_model 2048, 16 scanned layers, 32 query / 8 key-value heads of 64, SwiG
 Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
 XLA's attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
 gathers prefetch): params 77.5 MB + optimizer 155.0 MB (total/64: 77.2 + 154.5; the norm scales
-stay whole), compiled step 15.2 GB (arguments 0.23 GB, temporaries 15.0 GB; jax 0.12.0.1). Tokens/s and MFU on
+stay whole), compiled step 15.5 GB (arguments 0.23 GB, temporaries 15.0 GB, a second state for the
+recompute check; jax 0.12.0.1). Tokens/s and MFU on
 GPUs: not measured yet. Inspect:
   python main.py --config=configs/lm_1b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
@@ -59,6 +60,7 @@ def get_config(arg=None):
   c.optimizer.warmup_steps = 2_000
   c.checkpoint.every = 1_000
   c.checks.replica_every = 500  # And before every save: a device that computes wrong stops the run.
+  c.checks.recompute_every = 500  # Where nothing is replicated (FSDP): 1.1-1.2 steps per check.
   c.checkpoint.keep_every = 10_000
   c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.compile_timeout_s = 1_200.0

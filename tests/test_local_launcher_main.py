@@ -113,8 +113,9 @@ def test_two_processes_stop_on_sigint_save_and_exit_0_without_library_chatter(tm
 @pytest.mark.slow
 def test_four_processes_train_like_one(five_steps, tmp_path):
   """4 processes x 2 devices match 1 x 8 (the fixture's), the padded batch included: with 4 valid rows
-  of 16, three processes' rows are all padding (invariants 2, 3). Resuming on fewer processes:
-  tests/test_chaos.py."""
+  of 16, three processes' rows are all padding (invariants 2, 3), with the recompute check on every
+  other step (each process rotates its own two devices) finding nothing. Resuming on fewer
+  processes: tests/test_chaos.py."""
   _, one, _ = five_steps
   four = tmp_path / "four"
   result = _launch(
@@ -123,6 +124,7 @@ def test_four_processes_train_like_one(five_steps, tmp_path):
     "--",
     *TINY_FLAGS,
     "--config.steps=5",
+    "--config.checks.recompute_every=2",
     *PADDED,
     f"--workdir={four}",
     tag=str(four),

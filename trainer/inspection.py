@@ -107,6 +107,8 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
   sent = sum(e["sent_bytes_per_device"] for e in table)
   per_device = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
   per_device += memory.temp_size_in_bytes
+  if config.checks.recompute_every:  # A checked step keeps the step's own result while it runs again.
+    per_device += max_per_device(param_leaves) + max_per_device(opt_leaves)
   loops = sum(1 for line in hlo.splitlines() if " while(" in line)
   model = model_flops.per_step(comp.experiment, config, state_lib.param_count(target.params))
   return {
@@ -137,7 +139,8 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
         "output": memory.output_size_in_bytes,
         "temp": memory.temp_size_in_bytes,
         "alias": memory.alias_size_in_bytes,
-        "total": per_device,  # Arguments + outputs - donated (aliased) + temporaries.
+        # Arguments + outputs - donated (aliased) + temporaries (+ the state again with recompute checks).
+        "total": per_device,
       },
       # XLA's cost analysis is of the partitioned program one device runs (8 devices: 1/8 of a matmul),
       # and counts a loop's body once: with `loops` > 0 (scanned layers, microbatches) it is low.
@@ -185,6 +188,7 @@ def inspect(config, workdir: str, target_device: str | None = None) -> dict:
   console(
     f"compiled step per device: arguments {m['argument']:,} B, outputs {m['output']:,} B, "
     f"temporaries {m['temp']:,} B (donated {m['alias']:,} B): {m['total']:,} B in all"
+    + (" (with one more state: a step the recompute check repeats)" if config.checks.recompute_every else "")
   )
   loops = f"; XLA counts each of its {c['loops']} loops' body once" if c["loops"] else ""
   model = f", model (analytic) {c['model_flops_per_step']:,.0f}" if c["model_flops_per_step"] else ""

@@ -60,21 +60,23 @@ def _program(mesh, specs: tuple):
   return jax.jit(fn, out_shardings=NamedSharding(mesh, everything))
 
 
-def _named_leaves(state):
+def named_leaves(state) -> list[tuple[str, jax.Array]]:
   tree = {"params": state.params, "opt_state": state.opt_state}
   return [
     ("/".join(state_lib.path_keys(p)), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
   ]
 
 
+def checksums(mesh, arrays) -> jax.Array:
+  """[devices in mesh order, leaves, 2]: each device's checksums of its block of every array."""
+  return _program(mesh, tuple(x.sharding.spec for x in arrays))(*arrays)
+
+
 def check(state, mesh, step: int) -> None:
   """Raises ReplicaMismatch naming every device (and its process) whose copy of a leaf differs from
   the majority of the devices holding the same shard."""
-  leaves = [(name, x) for name, x in _named_leaves(state) if x.size]
-  arrays = [x for _, x in leaves]
-  specs = tuple(x.sharding.spec for x in arrays)
-  sums = _program(mesh, specs)(*arrays)
-  sums = np.asarray(multihost_utils.process_allgather(sums, tiled=True))  # [devices, leaves, 2]
+  leaves = [(name, x) for name, x in named_leaves(state) if x.size]
+  sums = np.asarray(multihost_utils.process_allgather(checksums(mesh, [x for _, x in leaves]), tiled=True))
   devices = list(mesh.devices.flat)  # Row k of `sums` is devices[k]'s (out_specs over every axis).
   bad: dict = collections.defaultdict(list)  # device -> [leaf names] it differs from the majority on
   split: list[str] = []  # Leaves whose copies disagree with no majority (e.g. two copies).
@@ -96,15 +98,21 @@ def check(state, mesh, step: int) -> None:
         if tuple(sums[k, j]) != majority:
           bad[devices[k]].append(name)
   if bad or split:
+    compared = sum(1 for _, x in leaves if _has_copies(x))
     named = [
       f"device {d.id} (process {d.process_index}): {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
       for d, names in sorted(bad.items(), key=lambda kv: kv[0].id)
     ]
     raise ReplicaMismatch(
       f"step {step}: copies that must be identical differ: {'; '.join(named + split[:3])}. A device "
-      f"computed wrong (memory or silent data corruption); nothing was saved after the last good check, "
-      f"so the newest checkpoint is good: take that host out and resume"
+      f"computed wrong (memory or silent data corruption); nothing was saved after the last good check "
+      f"of the {compared} of {len(leaves)} leaves that have copies: take that host out and resume"
     )
+
+
+def _has_copies(x) -> bool:
+  index = list(x.sharding.devices_indices_map(x.shape).values())
+  return len({str(i) for i in index}) < len(index)
 
 
 def perturb_one_copy(tree, device):

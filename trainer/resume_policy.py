@@ -5,7 +5,7 @@ Every key falls in one class, decided here once for trainer keys and experiment 
   An `error:` names the key; `--config.checkpoint.allow_changed_keys=KEY,...` accepts it anyway,
   with the warning below.
 - free: how the run is executed or reported, never what it optimizes (mesh, sharding, microbatches,
-  logging, evaluation, checkpoint cadence, watchdog, host threads). Resumes silently.
+  logging, evaluation, checkpoint cadence, watchdog, integrity checks, host threads). Resumes silently.
 - data: the experiment's data keys. The data fingerprint in the checkpoint's data position decides
   (checkpointing.check_data_position, `data.allow_changed_data`), so they are not judged twice.
 - everything else (`steps`, optimizer.*, model.*, a fork's own keys): accepted, with one warning per
@@ -19,7 +19,7 @@ REFUSED = {
   "global_batch_size": "global batch t holds other examples: some are trained twice, some never",
   "experiment": "another experiment's model and loss",
 }
-FREE_PREFIXES = ("mesh.", "sharding.", "checkpoint.", "watchdog.")
+FREE_PREFIXES = ("mesh.", "sharding.", "checkpoint.", "watchdog.", "checks.")
 FREE = {
   "log_every",
   "eval_every",

@@ -15,12 +15,12 @@ from trainer import (
   checkpointing,
   components,
   goodput,
+  integrity,
   interrupts,
   model_flops,
   multihost,
   profiling,
   recovery,
-  replicas,
   resume_policy,
   rundir,
   runtime,
@@ -151,7 +151,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
     ledger.trained_before = log.trained_before
   profile = profiling.Window(config.profile, workdir, start)
   restarted = recovery.from_env() if start < last_step else None  # Relaunched by a launcher.
-  stragglers_seen = set()
+  stragglers_seen, checks = set(), integrity.Checks(comp, config, make_train_step, last_step)
 
   def open_batches(step):
     first = step + batch_offset  # Global batch t trains step t - batch_offset + 1.
@@ -213,6 +213,7 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         if comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
           raise empty_batch_error(t)
         t1 = time.time()
+        copied = checks.copy_if_due(step + 1, state, batch)  # Before the step donates the state.
         with profile.annotation(step + 1):
           state, metrics = train_step(state, batch)
         step += 1
@@ -277,10 +278,9 @@ def _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup) -> 
         metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
         device_wait_s = time.time() - t1
       saving_s = eval_s = 0.0
-      every = config.checks.replica_every
-      if every and (step % every == 0 or save_now):  # Before saving: never save a state that differs.
+      if checks.due(step, save_now, copied):  # Before saving: never save a state that differs.
         t2 = time.time()
-        replicas.check(state, comp.mesh, step)
+        checks.run(state, metrics, step, copied)
         saving_s = time.time() - t2  # Counted with checkpoint blocking: it guards the save.
         ledger.add("checkpoint_blocking", saving_s)
         window.checkpoint += saving_s

@@ -1,0 +1,41 @@
+"""The loop's checks that the devices computed right, before a state is saved (exit 4 when not):
+
+  checks.replica_every    copies of each replicated shard agree (trainer/replicas.py)
+  checks.recompute_every  the step recomputed with its shards on other devices agrees bit for bit
+                          (trainer/recompute.py): the check that works where nothing is replicated
+Each runs every N steps and on every step that saves a checkpoint on schedule (0: off).
+"""
+
+from trainer import recompute, replicas
+from trainer.metrics import console
+
+
+class Checks:
+  def __init__(self, comp, config, make_train_step, last_step: int):
+    c = config.checks
+    self.mesh, self.replica_every = comp.mesh, c.replica_every
+    self.save_every, self.last_step = config.checkpoint.every, last_step
+    self.recompute = recompute.RecomputeCheck(comp, config.microbatches, make_train_step, c.recompute_every)
+    if c.recompute_every and not self.recompute.on:
+      console(
+        f"warning: checks.recompute_every={c.recompute_every} is off: a process with one device has no "
+        "other device to recompute its shards on"
+      )
+    self.on_schedule = lambda step, every: (
+      step % every == 0 or step % self.save_every == 0 or step == last_step
+    )
+
+  def copy_if_due(self, step: int, state, batch):
+    """Before step `step` runs: the copy it will be recomputed from, if it is checked (else None)."""
+    if self.recompute.on and self.on_schedule(step, self.recompute.every):
+      return self.recompute.copy(state, batch)
+    return None
+
+  def due(self, step: int, save_now: bool, copied) -> bool:
+    return copied is not None or bool(self.replica_every and (step % self.replica_every == 0 or save_now))
+
+  def run(self, state, metrics, step: int, copied) -> None:
+    if self.replica_every:
+      replicas.check(state, self.mesh, step)
+    if copied is not None:
+      self.recompute.check(copied, state, metrics, self.mesh, step)
