@@ -87,6 +87,10 @@ def get_config(experiment: str = "lm") -> ml_collections.ConfigDict:
   c.watchdog.restore_timeout_s = 600.0  # Reading a checkpoint (at start-up and on a rollback).
   c.watchdog.compile_timeout_s = 600.0  # Compiling the step, and the first step (peers still compile).
   c.watchdog.step_timeout_s = 300.0  # A step, barrier, save or evaluation.
+  # A peer whose liveness counter (trainer/liveness.py, its own thread, whatever the phase) has not
+  # moved for this long is lost: stopped, dead or partitioned away. Every process names what it lost and
+  # exits 3. Must stay below JAX's heartbeat timeout (100 s unless set), which aborts without a name.
+  c.watchdog.peer_timeout_s = 30.0
 
   c.checks = ml_collections.ConfigDict()
   # Every N steps and before every checkpoint, compare checksums of every copy of each replicated

@@ -49,11 +49,12 @@ from restart_policy import NEVER_RESTART, cause, newest_checkpoint, past_startup
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Short jax.distributed timeouts (seconds), read by trainer/runtime.py: on one machine every process
-# starts within seconds and finishes within seconds of the others, so a peer that never connects,
-# goes silent, or never reaches the exit barrier should end the job in seconds, not minutes.
+# starts within seconds and finishes within seconds of the others, so a peer that never connects or
+# never reaches the exit barrier should end the job in seconds, not minutes. One that goes silent is
+# named by trainer/liveness.py within watchdog.peer_timeout_s (at most half the heartbeat's 60 s).
 CHILD_ENV_DEFAULTS = {
   "JAX_INIT_TIMEOUT_S": "60",
-  "JAX_HEARTBEAT_TIMEOUT_S": "10",
+  "JAX_HEARTBEAT_TIMEOUT_S": "60",
   "JAX_SHUTDOWN_TIMEOUT_S": "30",
 }
 

@@ -11,11 +11,13 @@ CHATTER = (
   # Gloo (the CPU collectives) prints this with std::cout, unconditionally, every time it connects a
   # communicator: about 36 lines per 2-process start. Two of them printed at once by two threads
   # merge in any way ("[Gloo] Rank 1[Gloo] Rank 0 is connected ...", "3 is connected to ..."): a line
-  # made of nothing but the pieces of such lines is chatter.
+  # made of nothing but the pieces of such lines is chatter, and so is the piece that is left of one
+  # when another thread's line lands before its end: a bare peer count ("1").
   re.compile(
     rb"(?=.*is connected to)"  # Pieces of Gloo's lines only, one "is connected to" at least.
     rb"(?:\[Gloo\] Rank|is connected to|peer ranks\.|Expected number of connected peer ranks is :|\d+|\s+)+"
   ),
+  re.compile(rb"\s*\d+\s*"),
   # JAX's C++ preemption notifier: "SIGTERM caught at TIME" on every process, after a SIGINT as well
   # (trainer/preemption.py turns SIGINT into SIGTERM, the only way to reach JAX's preemption service).
   # It cannot be silenced at its source without TF_CPP_MIN_LOG_LEVEL, which would hide every C++

@@ -116,6 +116,7 @@ RULES: dict[str, Rule] = {
   "watchdog.restore_timeout_s": real(0.0, low_open=True),
   "watchdog.compile_timeout_s": real(0.0, low_open=True),
   "watchdog.step_timeout_s": real(0.0, low_open=True),
+  "watchdog.peer_timeout_s": real(0.0, low_open=True),
   "checks.replica_every": whole(0),
   "checks.recompute_every": whole(0),
   "profile.start_step": whole(0),

@@ -42,7 +42,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict:
   if not checkpointing.has_checkpoints(workdir):
     raise UserError(f"--mode=eval: {workdir}/checkpoints has no checkpoint; train first")
   w = config.watchdog
-  watchdog = Watchdog(w.startup_timeout_s, w.step_timeout_s)  # A wedged peer must not hang a collective.
+  watchdog = Watchdog(w, workdir)  # A wedged or lost peer must not hang a collective.
   try:
     comp = components.build(config)
     watchdog.beat("restore", 0, w.restore_timeout_s)

@@ -44,6 +44,15 @@ def _seconds(given: int | None, env: str) -> int | None:
   return given
 
 
+_JAX_DEFAULT_HEARTBEAT_S = 100  # jax.distributed.initialize's heartbeat_timeout_seconds.
+_heartbeat_s = [_JAX_DEFAULT_HEARTBEAT_S]
+
+
+def heartbeat_timeout_s() -> int:
+  """Seconds after which JAX's coordination service declares a silent process dead (and aborts)."""
+  return _heartbeat_s[0]
+
+
 def _loopback_bind_address(coordinator: str) -> str | None:
   """HOST:PORT to bind the coordinator to when HOST is loopback, else None (JAX binds [::]:PORT).
 
@@ -72,6 +81,7 @@ def _initialize(
   ):
     if (seconds := _seconds(given, env)) is not None:
       kwargs[name] = seconds
+  _heartbeat_s[0] = kwargs.get("heartbeat_timeout_seconds", _JAX_DEFAULT_HEARTBEAT_S)
   if coordinator is not None and (bind := _loopback_bind_address(coordinator)):
     kwargs["coordinator_bind_address"] = bind
   # A coordinator that never answers ends the process with a fatal log from inside JAX after

@@ -49,7 +49,7 @@ def train(config, workdir: str, stop_after: int | None = None, devices=None) -> 
   t_start = time.time()
   checkpointing.make_workdir(workdir)
   with contextlib.ExitStack() as cleanup:
-    watchdog = Watchdog(config.watchdog.startup_timeout_s, config.watchdog.step_timeout_s)
+    watchdog = Watchdog(config.watchdog, workdir)
     cleanup.callback(watchdog.stop)
     return _train(config, workdir, stop_after, devices, watchdog, t_start, cleanup)
 

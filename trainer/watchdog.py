@@ -1,10 +1,10 @@
 """Ends a process that is stuck, with a report, instead of letting the job hang.
 
 The loop says where it is (`beat(phase, step)`); a thread checks the deadline. Past it, the thread
-dumps every Python thread's stack (faulthandler), prints which process is stuck at which step and
-phase, names the likely straggler among the processes, and exits non-zero; the launcher or scheduler
-then ends the rest. Heartbeats of JAX's distributed service only catch dead processes; this also
-catches live, stuck ones.
+prints what every process was doing and the likely straggler, writes every Python thread's stack
+(faulthandler) to WORKDIR/crashes/process_I.txt, prints which process is stuck at which step and
+phase, and exits 3; the launcher or scheduler then ends the rest. The same thread ends the process
+when a peer stops answering (trainer/liveness.py), whatever the phase's budget.
 
 Each process publishes its main thread's progress (phase, step, and when it entered them), not only
 that its watchdog thread is alive: a main thread blocked in a read that releases the GIL leaves the
@@ -22,7 +22,7 @@ import time
 
 import jax
 
-from trainer import multihost
+from trainer import liveness, multihost
 
 EXIT_CODE = 3
 _REPORT_EVERY_S = 1.0
@@ -31,11 +31,14 @@ PHASES = ("startup", "restore", "compile", "data", "step", "checkpoint", "eval",
 
 
 class Watchdog:
-  def __init__(self, startup_timeout_s: float, step_timeout_s: float):
-    self.step_timeout_s = step_timeout_s
+  def __init__(self, watchdog_config, workdir: str | None = None):
+    w = watchdog_config
+    self.step_timeout_s = w.step_timeout_s
+    self._crash_dir = os.path.join(workdir, "crashes") if workdir else None
     self._lock = threading.Lock()
     self._window = None  # The last logging window's per-step figures (trainer/straggler.py).
-    self._set("startup", 0, startup_timeout_s)
+    self._set("startup", 0, w.startup_timeout_s)
+    self._peers = liveness.Liveness(w.peer_timeout_s, w.startup_timeout_s)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._watch, daemon=True, name="watchdog")
     self._thread.start()
@@ -91,6 +94,12 @@ class Watchdog:
       self._publish(client)  # Our main thread's progress, for a peer's watchdog to read if we stall.
       if time.time() - since > timeout_s:
         self._fire(phase, step, timeout_s, time.time() - since, client)
+      if lost := self._peers.lost(time.time()):
+        self._exit(
+          f"error: process {jax.process_index()} lost contact with {lost} while in {phase} at step {step} "
+          f"(watchdog.peer_timeout_s={self._peers.timeout_s:g}): a network partition, or a stopped, "
+          "wedged or dead host; exiting so that the job restarts from its newest checkpoint"
+        )
 
   def _fire(self, phase, step, timeout_s, waited, client) -> None:
     me = jax.process_index()
@@ -102,10 +111,28 @@ class Watchdog:
       mine = {"phase": phase, "step": step, "since": time.time() - waited, "time": time.time()}
       lines += peer_lines(_read_reports(client, me), me, mine, time.time())
     print("\n".join(lines), file=sys.stderr, flush=True)
-    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    print(lines[0], file=sys.stderr, flush=True)  # Again after the stacks: the line people look for.
+    self._exit(lines[0])  # Again, last: the line people look for.
+
+  def _exit(self, line: str) -> None:
+    """Every thread's stack to WORKDIR/crashes/process_I.txt (the console if there is none), the
+    line last, and exit EXIT_CODE at once (peers blocked on this process must not hold it)."""
+    where = self._dump_stacks()
+    print(f"{line} (stacks: {where})" if where else line, file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(EXIT_CODE)
+
+  def _dump_stacks(self) -> str | None:
+    try:
+      os.makedirs(self._crash_dir, exist_ok=True)
+      path = os.path.join(self._crash_dir, f"process_{jax.process_index()}.txt")
+      with open(path, "a") as f:
+        f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
+        faulthandler.dump_traceback(file=f, all_threads=True)
+      return path
+    except (OSError, TypeError):  # No workdir, or a full or failing disk: the console instead.
+      faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+      return None
 
 
 def _read_reports(client, me: int) -> dict[int, dict | None]:

@@ -1,0 +1,79 @@
+"""Peers that stop answering, named by us before JAX's heartbeat aborts the job without naming them.
+
+Every second a thread of each process publishes a counter in the coordination service
+(`liveness/I`) and reads every peer's in one directory read. A peer whose counter has not moved for
+`watchdog.peer_timeout_s` is lost: stopped (SIGSTOP), wedged outside Python, dead, or behind a
+network partition. A process that has not reached the service at all for as long has lost process 0,
+whose process runs the service. The process then prints one line naming what it lost and where it
+was, writes every thread's stack to WORKDIR/crashes/process_I.txt, and exits 3 (restartable).
+
+It needs no phase budget: a 20-minute compile or restore still answers every second, since the
+counter lives in its own thread. Bounds: a lost peer is named between peer_timeout_s and
+peer_timeout_s + 2 s after its last answer. JAX's own heartbeat (--distributed_heartbeat_timeout_s,
+JAX's default 100 s) must be longer, or JAX aborts first: the timeout used is at most half of it.
+A peer that has not answered yet (still importing or building on a loaded host) is judged against
+watchdog.startup_timeout_s instead.
+"""
+
+import threading
+import time
+
+import jax
+
+from trainer import multihost
+
+_PERIOD_S = 1.0
+
+
+class Liveness:
+  def __init__(self, peer_timeout_s: float, startup_timeout_s: float):
+    self.timeout_s, self.startup_timeout_s = peer_timeout_s, startup_timeout_s
+    self.me, self.started = jax.process_index(), time.time()
+    self._client = multihost.client() if peer_timeout_s else None
+    self._lock = threading.Lock()
+    self._contact = self.started  # When a round trip to the service last succeeded.
+    self._seen: dict[int, tuple[str, float]] = {}  # peer -> (its counter, when we saw it change)
+    if self._client is None:
+      return
+    from trainer import runtime
+
+    # Below JAX's heartbeat, which would abort first without naming anyone.
+    self.timeout_s = min(peer_timeout_s, runtime.heartbeat_timeout_s() / 2)
+    threading.Thread(target=self._talk, daemon=True, name="liveness").start()
+
+  def _talk(self) -> None:
+    count = 0
+    while True:
+      count += 1
+      try:
+        self._client.key_value_set(f"liveness/{self.me}", str(count), allow_overwrite=True)
+        rows = self._client.key_value_dir_get("liveness/")
+      except Exception:  # noqa: BLE001 - the service unreachable: judged by the contact's age.
+        time.sleep(_PERIOD_S)
+        continue
+      now = time.time()
+      with self._lock:
+        self._contact = now
+        for key, value in rows:
+          peer = int(key.rsplit("/", 1)[1])
+          if peer != self.me and self._seen.get(peer, (None,))[0] != value:
+            self._seen[peer] = (value, now)
+      time.sleep(_PERIOD_S)
+
+  def lost(self, now: float) -> str | None:
+    """What this process has lost contact with (a phrase), or None."""
+    if self._client is None:
+      return None
+    with self._lock:
+      contact, seen = self._contact, dict(self._seen)
+    if now - contact > self.timeout_s and self.me != 0:
+      return f"process 0, which runs the coordination service (no answer for {now - contact:.0f} s)"
+    silent = []
+    for peer in range(jax.process_count()):
+      if peer == self.me:
+        continue
+      if peer in seen and now - seen[peer][1] > self.timeout_s:
+        silent.append(f"process {peer} (silent for {now - seen[peer][1]:.0f} s)")
+      elif peer not in seen and now - self.started > max(self.timeout_s, self.startup_timeout_s):
+        silent.append(f"process {peer} (never answered in {now - self.started:.0f} s)")
+    return ", ".join(silent) or None
