@@ -28,6 +28,13 @@ mesh axis of -1 (else main.py's error says why). Each restarted process gets LAU
 the restart, its cause and when the job went down and came back), from which main.py records the
 time to recover by phase. With restarts, a failure kills the other processes at once (SIGKILL): they
 cannot take a step or save without their peer, and the relaunch resumes from the last checkpoint.
+
+`--netns=NS0,NS1,...` (as root) runs process I inside network namespace NSI, each with its own
+address, as on separate hosts (tests/netns.py builds them: network faults between real interfaces);
+the coordinator is NS0's address. On CPU, Gloo advertises the address this machine's host name
+resolves to: in a namespace that must be the namespace's own, e.g. through /etc/netns/NSI/hosts,
+which `ip netns exec` puts in place of /etc/hosts (across real hosts: each host's name must resolve
+to its own interface, not 127.0.1.1).
 """
 
 import argparse
@@ -209,6 +216,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     "--min_processes", type=int, default=None, help="drop a slot that cannot come back, down to K processes"
   )
   parser.add_argument("--elastic", action="store_true", help="--min_processes=1")
+  parser.add_argument(
+    "--netns",
+    default=None,
+    help="NS0,NS1,...: process I runs in network namespace NSI (as root); the coordinator is NS0's address",
+  )
   if "--" in argv:
     cut = argv.index("--")
     own, main_flags = argv[:cut], argv[cut + 1 :]
@@ -235,17 +247,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if flag.split("=", 1)[0] in reserved:
       parser.error(f"{flag.split('=', 1)[0]} is set by the launcher; remove it after `--`")
   args.main_flags = main_flags
+  args.netns = args.netns.split(",") if args.netns else None
+  if args.netns and (len(args.netns) != args.processes or args.min_processes != args.processes):
+    parser.error(f"--netns names one namespace per process ({args.processes}), and a fixed number of them")
   # Asking main.py for the libraries' logs (`--verbosity=0`, absl's `-v`) asks for all their lines too.
   args.verbose = args.verbose or any(f.split("=", 1)[0].lstrip("-") in ("verbosity", "v") for f in main_flags)
   return args
 
 
-def _argv(args, processes: int, port: int) -> list[list[str]]:
+def namespace_address(namespace: str) -> str:
+  """The first IPv4 address of a network namespace's own interfaces (not loopback)."""
+  out = subprocess.run(
+    ["ip", "-n", namespace, "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True
+  )
+  addresses = [line.split()[3].split("/")[0] for line in out.stdout.splitlines()]
+  if out.returncode or not addresses:
+    raise SystemExit(f"error: --netns: namespace {namespace} has no IPv4 address ({out.stderr.strip()})")
+  return addresses[0]
+
+
+def _argv(args, processes: int, host: str, port: int) -> list[list[str]]:
   return [
     [
+      *(["ip", "netns", "exec", args.netns[i]] if args.netns else []),
       sys.executable,
       args.main,
-      f"--coordinator_address=127.0.0.1:{port}",
+      f"--coordinator_address={host}:{port}",
       f"--num_processes={processes}",
       f"--process_id={i}",
       f"--cpu_devices={args.cpu_devices}",
@@ -290,9 +317,12 @@ def main(argv: list[str]) -> int:
   at_startup: dict[int, int] = {}  # Slot -> launches in a row it failed in before the job's first step.
   while True:
     port = args.port or free_port()
-    # Only the loopback interface: nothing outside this machine can reach the coordinator.
-    env["JAX_COORDINATOR_BIND_ADDRESS"] = f"127.0.0.1:{port}"
-    job = Job(_argv(args, processes, port), env, args.grace_s, args.verbose, fail_fast=args.max_restarts > 0)
+    # Only the loopback interface (or NS0's own address): nothing else can reach the coordinator.
+    host = namespace_address(args.netns[0]) if args.netns else "127.0.0.1"
+    env["JAX_COORDINATOR_BIND_ADDRESS"] = f"{host}:{port}"
+    job = Job(
+      _argv(args, processes, host, port), env, args.grace_s, args.verbose, fail_fast=args.max_restarts > 0
+    )
     for sig in (signal.SIGINT, signal.SIGTERM):
       signal.signal(sig, _Stop.handler(job))
     started = time.time()

@@ -15,6 +15,7 @@ A peer that has not answered yet (still importing or building on a loaded host) 
 watchdog.startup_timeout_s instead.
 """
 
+import json
 import threading
 import time
 
@@ -26,13 +27,18 @@ _PERIOD_S = 1.0
 
 
 class Liveness:
+  """The only thread that talks to the coordination service about liveness: a call that hangs in a
+  partition holds this thread alone, never the watchdog's (which judges from what this one saw)."""
+
   def __init__(self, peer_timeout_s: float, startup_timeout_s: float):
     self.timeout_s, self.startup_timeout_s = peer_timeout_s, startup_timeout_s
     self.me, self.started = jax.process_index(), time.time()
-    self._client = multihost.client() if peer_timeout_s else None
+    self._client = multihost.client()
     self._lock = threading.Lock()
+    self._report: dict = {}  # What this process publishes with its counter (the watchdog's progress).
     self._contact = self.started  # When a round trip to the service last succeeded.
-    self._seen: dict[int, tuple[str, float]] = {}  # peer -> (its counter, when we saw it change)
+    self._seen: dict[int, tuple[int, float]] = {}  # peer -> (its counter, when we saw it change)
+    self._reports: dict[int, dict] = {}  # peer -> its latest report
     if self._client is None:
       return
     from trainer import runtime
@@ -41,12 +47,24 @@ class Liveness:
     self.timeout_s = min(peer_timeout_s, runtime.heartbeat_timeout_s() / 2)
     threading.Thread(target=self._talk, daemon=True, name="liveness").start()
 
+  def publish(self, report: dict) -> None:
+    """Sent with the next counter (within a second)."""
+    with self._lock:
+      self._report = dict(report)
+
+  def reports(self) -> dict[int, dict | None]:
+    """{peer: its latest report, None if it never sent one}, as of the last round trip."""
+    with self._lock:
+      return {p: self._reports.get(p) for p in range(jax.process_count()) if p != self.me}
+
   def _talk(self) -> None:
     count = 0
     while True:
       count += 1
+      with self._lock:
+        mine = json.dumps({"count": count, "report": self._report})
       try:
-        self._client.key_value_set(f"liveness/{self.me}", str(count), allow_overwrite=True)
+        self._client.key_value_set(f"liveness/{self.me}", mine, allow_overwrite=True)
         rows = self._client.key_value_dir_get("liveness/")
       except Exception:  # noqa: BLE001 - the service unreachable: judged by the contact's age.
         time.sleep(_PERIOD_S)
@@ -55,9 +73,12 @@ class Liveness:
       with self._lock:
         self._contact = now
         for key, value in rows:
-          peer = int(key.rsplit("/", 1)[1])
-          if peer != self.me and self._seen.get(peer, (None,))[0] != value:
-            self._seen[peer] = (value, now)
+          peer, row = int(key.rsplit("/", 1)[1]), json.loads(value)
+          if peer == self.me:
+            continue
+          self._reports[peer] = row["report"] or None
+          if self._seen.get(peer, (None,))[0] != row["count"]:
+            self._seen[peer] = (row["count"], now)
       time.sleep(_PERIOD_S)
 
   def lost(self, now: float) -> str | None:

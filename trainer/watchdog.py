@@ -14,7 +14,6 @@ earliest phase).
 """
 
 import faulthandler
-import json
 import os
 import sys
 import threading
@@ -22,7 +21,7 @@ import time
 
 import jax
 
-from trainer import liveness, multihost
+from trainer import liveness
 
 EXIT_CODE = 3
 _REPORT_EVERY_S = 1.0
@@ -53,47 +52,38 @@ class Watchdog:
     self._set(phase, step, self.step_timeout_s if timeout_s is None else timeout_s)
 
   def note_window(self, window: dict) -> None:
-    """This process's latest logging window ({step, data_s, dispatch_s}), published now and with every
-    report after."""
+    """This process's latest logging window ({step, data_s, dispatch_s}), published with every
+    report from now on."""
     with self._lock:
       self._window = window
-    self._publish(multihost.client())
+    self._publish()
 
   def peer_windows(self) -> dict[int, dict]:
     """{process: its latest window} of every process that published one (this one included)."""
-    client = multihost.client()
-    if client is None:
-      return {}
-    reports = _read_reports(client, jax.process_index())
-    windows = {p: r["window"] for p, r in reports.items() if r and r.get("window")}
+    windows = {p: r["window"] for p, r in self._peers.reports().items() if r and r.get("window")}
     with self._lock:
       if self._window:
         windows[jax.process_index()] = self._window
     return windows
 
-  def _publish(self, client) -> None:
-    if client is None:
-      return
+  def _publish(self) -> None:
+    """Our main thread's progress, sent by the liveness thread, for a peer's watchdog to read."""
     with self._lock:
       report = {"phase": self.phase, "step": self.step, "since": self.since, "time": time.time()}
       report["window"] = self._window
-    try:
-      client.key_value_set(f"watchdog/{jax.process_index()}", json.dumps(report), allow_overwrite=True)
-    except Exception:  # noqa: BLE001 - the service may be gone; our own deadline still holds.
-      pass
+    self._peers.publish(report)
 
   def stop(self) -> None:
     self._stop.set()
     self._thread.join(timeout=5)
 
   def _watch(self) -> None:
-    client = multihost.client()
     while not self._stop.wait(_REPORT_EVERY_S):
       with self._lock:
         phase, step, timeout_s, since = self.phase, self.step, self.timeout_s, self.since
-      self._publish(client)  # Our main thread's progress, for a peer's watchdog to read if we stall.
+      self._publish()
       if time.time() - since > timeout_s:
-        self._fire(phase, step, timeout_s, time.time() - since, client)
+        self._fire(phase, step, timeout_s, time.time() - since)
       if lost := self._peers.lost(time.time()):
         self._exit(
           f"error: process {jax.process_index()} lost contact with {lost} while in {phase} at step {step} "
@@ -101,15 +91,15 @@ class Watchdog:
           "wedged or dead host; exiting so that the job restarts from its newest checkpoint"
         )
 
-  def _fire(self, phase, step, timeout_s, waited, client) -> None:
+  def _fire(self, phase, step, timeout_s, waited) -> None:
     me = jax.process_index()
     lines = [
       f"watchdog: process {me} stuck in {phase} at step {step} for {waited:.0f} s "
       f"(timeout {timeout_s:.0f} s); dumping stacks and exiting"
     ]
-    if client is not None:
+    if jax.process_count() > 1:
       mine = {"phase": phase, "step": step, "since": time.time() - waited, "time": time.time()}
-      lines += peer_lines(_read_reports(client, me), me, mine, time.time())
+      lines += peer_lines(self._peers.reports(), me, mine, time.time())
     print("\n".join(lines), file=sys.stderr, flush=True)
     self._exit(lines[0])  # Again, last: the line people look for.
 
@@ -133,18 +123,6 @@ class Watchdog:
     except (OSError, TypeError):  # No workdir, or a full or failing disk: the console instead.
       faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
       return None
-
-
-def _read_reports(client, me: int) -> dict[int, dict | None]:
-  reports = {}
-  for peer in range(jax.process_count()):
-    if peer == me:
-      continue
-    try:
-      reports[peer] = json.loads(client.key_value_try_get(f"watchdog/{peer}"))
-    except Exception:  # noqa: BLE001 - never reported.
-      reports[peer] = None
-  return reports
 
 
 def peer_lines(reports: dict[int, dict | None], me: int, mine: dict, now: float) -> list[str]:

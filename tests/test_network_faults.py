@@ -1,0 +1,150 @@
+"""Network faults between two real interfaces: a 2-process job whose processes sit in network
+namespaces of their own (tests/netns.py, as separate hosts would), joined through a veth link that
+the tests cut. A partition ends every process within the peer timeout with one line naming the
+process it lost and its phase, exit 3 and no stack on the console; the launcher's restart then
+continues bit for bit. A flap shorter than the peer timeout is survived, bit for bit."""
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.conftest import REPO, TINY_FLAGS, train_losses
+from tests.netns import two_hosts
+
+pytestmark = pytest.mark.slow
+
+PEER_TIMEOUT_S = 4
+STEPS = 14
+READS = "read=0.3"  # tests/main_with_pauses.py: each batch takes 0.3 s to read, so faults land mid-run.
+FLAGS = [
+  *TINY_FLAGS,
+  f"--config.steps={STEPS}",
+  "--config.checkpoint.every=2",
+  f"--config.watchdog.peer_timeout_s={PEER_TIMEOUT_S}",
+]
+
+
+class Launch:
+  """launch/local.py over the two namespaces, its output read as it comes."""
+
+  def __init__(self, hosts, workdir, *launcher_flags, pauses=READS):
+    argv = [sys.executable, os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=4"]
+    argv += [f"--netns={','.join(hosts.namespaces)}", "--main=tests/main_with_pauses.py", *launcher_flags]
+    argv += ["--", pauses, *FLAGS, f"--workdir={workdir}"]
+    env = {**os.environ, "JAX_HEARTBEAT_TIMEOUT_S": "40"}
+    self.proc = subprocess.Popen(
+      argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    self.lines: list[tuple[float, str]] = []
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self):
+    for line in self.proc.stdout:
+      self.lines.append((time.time(), line.rstrip("\n")))
+
+  def wait_for(self, pattern: str, timeout: float) -> float:
+    """When a line matching `pattern` came."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+      for at, line in list(self.lines):
+        if re.search(pattern, line):
+          return at
+      assert self.proc.poll() is None or self._reader.is_alive(), self.output()
+      time.sleep(0.05)
+    raise AssertionError(f"no line {pattern!r} in {timeout} s:\n{self.output()}")
+
+  def finish(self, timeout: float) -> int:
+    try:
+      self.proc.wait(timeout=timeout)
+    finally:
+      if self.proc.poll() is None:
+        self.proc.kill()
+        self.proc.wait()
+      self._reader.join(timeout=10)
+    return self.proc.returncode
+
+  def output(self) -> str:
+    return "\n".join(line for _, line in self.lines)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+  with two_hosts() as h:
+    yield h
+
+
+@pytest.fixture(scope="module")
+def straight(hosts, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("straight")
+  run = Launch(hosts, workdir)
+  assert run.finish(timeout=180) == 0, run.output()
+  return train_losses(str(workdir))
+
+
+def test_a_link_flap_shorter_than_the_peer_timeout_is_survived_bit_for_bit(hosts, straight, tmp_path):
+  run = Launch(hosts, tmp_path)
+  try:
+    run.wait_for(r"\[p0\] step 3/", timeout=120)
+    hosts.cut()
+    time.sleep(PEER_TIMEOUT_S / 2)
+  finally:
+    hosts.heal()
+  assert run.finish(timeout=180) == 0, run.output()
+  assert "lost contact" not in run.output()
+  assert train_losses(str(tmp_path)) == straight
+
+
+def test_a_partition_mid_step_is_named_by_each_process_and_a_restart_continues_bit_for_bit(
+  hosts, straight, tmp_path
+):
+  run = Launch(hosts, tmp_path, "--max_restarts=1", "--restart_backoff_s=2")
+  try:
+    run.wait_for(r"\[p0\] step 3/", timeout=120)
+    hosts.cut()
+    cut_at = time.time()
+    lost_at = run.wait_for(r"lost contact with", timeout=PEER_TIMEOUT_S + 30)
+    run.wait_for(r"\[launch\] restart 1/1: process \d exited with code 3", timeout=30)
+  finally:
+    hosts.heal()
+  assert run.finish(timeout=180) == 0, run.output()
+  out = run.output()
+  assert PEER_TIMEOUT_S <= lost_at - cut_at <= PEER_TIMEOUT_S + 10, (lost_at - cut_at, out)
+  named = re.findall(r"\[p(\d)\] error: process \d lost contact with (process \d)[^)]*\) while in (\w+)", out)
+  assert named and all(peer != f"process {me}" for me, peer, _ in named), out
+  assert {peer for _, peer, _ in named} <= {"process 0", "process 1"}
+  assert "Thread 0x" not in out and "Check failure" not in out and "Traceback" not in out, out
+  assert train_losses(str(tmp_path)) == straight
+
+
+def test_a_partition_mid_save_ends_both_processes_in_one_line_each_and_keeps_every_checkpoint_whole(
+  hosts, tmp_path
+):
+  """No restarts: both processes notice on their own (the launcher gives them --grace_s), each names
+  the other; the checkpoint being written when the link went is not committed, the earlier ones are
+  whole and nothing is set aside."""
+  run = Launch(hosts, tmp_path, "--grace_s=30", pauses=f"{READS},save=20@6/p0")  # Step 6's write hangs.
+  try:
+    run.wait_for(r"\[p0\] pause: save", timeout=120)
+    hosts.cut()
+    cut_at = time.time()
+    code = run.finish(timeout=PEER_TIMEOUT_S + 40)
+  finally:
+    hosts.heal()
+  out = run.output()
+  assert code == 3, out
+  assert time.time() - cut_at <= PEER_TIMEOUT_S + 20, out
+  assert re.search(
+    r"\[p0\] error: process 0 lost contact with process 1 \(silent for \d+ s\) while in", out
+  ), out
+  assert re.search(
+    r"\[p1\] error: process 1 lost contact with process 0, which runs the coordination", out
+  ), out
+  assert "Thread 0x" not in out and "Check failure" not in out, out
+  kept = sorted(n for n in os.listdir(tmp_path / "checkpoints") if n.isdigit())
+  assert kept == ["2", "4"], os.listdir(tmp_path / "checkpoints")
