@@ -135,12 +135,12 @@ def main(argv):
     run(_CONFIG.value, _WORKDIR.value, _MODE.value, target_device=_TARGET_DEVICE.value)
   except interrupts.Interrupted as e:
     _interrupted(e)
-  except UserError as e:
-    _fail(str(e), code=getattr(e, "exit_code", 2))
-  except OSError as e:  # A misplaced --workdir or data file (2); a full disk or an I/O error (3).
+  except Exception as e:  # noqa: BLE001 - classified (trainer/failures.py), else the traceback.
     from trainer import failures
 
-    _fail(*failures.os_error_line(e, _WORKDIR.value))
+    if (line := failures.error_line(e, _WORKDIR.value)) is None:
+      raise
+    _fail(*line)
 
 
 if __name__ == "__main__":

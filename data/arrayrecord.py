@@ -70,6 +70,23 @@ def check_compatible(metadata: dict, seq_len: int, model_vocab_size: int) -> Non
     )
 
 
+def _open(reader, paths: list[str], directory: str):
+  """The ArrayRecord reader over `paths`; a shard it cannot open (truncated, not ArrayRecord: it raises
+  a bare RuntimeError) is a UserError naming it. An OSError is the disk's, and stays one."""
+  try:
+    return reader(paths)
+  except (RuntimeError, ValueError):
+    for path in paths:
+      try:
+        reader([path])
+      except (RuntimeError, ValueError) as e:
+        raise UserError(
+          f"data.path={directory}: shard {os.path.basename(path)} cannot be read ({type(e).__name__}"
+          f"{': ' + str(e)[:200] if str(e) else ''}); it is truncated or damaged: {_RERUN}"
+        ) from None
+    raise
+
+
 class ArrayRecordSource:
   """Grain random-access source over one split: record i is {'tokens': int32[seq_len + 1]}.
 
@@ -99,7 +116,7 @@ class ArrayRecordSource:
       raise UserError(
         f"data.path={directory} is missing {len(missing)} shard(s), e.g. {missing[0]}; {_RERUN}"
       )
-    self._source = ArrayRecordDataSource(paths)
+    self._source = _open(ArrayRecordDataSource, paths, directory)
     if len(self._source) != self.num_records:
       raise UserError(
         f"data.path={directory}: the {split!r} shards hold {len(self._source)} records but "
@@ -114,7 +131,13 @@ class ArrayRecordSource:
     index = int(index)
     if not 0 <= index < self.num_records:
       raise IndexError(index)
-    data = self._source[index]
+    try:
+      data = self._source[index]
+    except (RuntimeError, ValueError) as e:  # The reader's word for a damaged shard (OSError: the disk's).
+      raise UserError(
+        f"record {index} of {self.split!r} in {self.directory} cannot be read ({type(e).__name__}: "
+        f"{str(e)[:200]}); the shards are damaged: {_RERUN}"
+      ) from None
     if len(data) != self._record_bytes:
       raise ValueError(
         f"record {index} of {self.split!r} in {self.directory} has {len(data)} bytes, not "

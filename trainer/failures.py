@@ -10,6 +10,8 @@ import errno
 import os
 import shutil
 
+from errors import UserError
+
 # Exit codes (launch/restart_policy.py): a restart helps after a transient fault; after running out of
 # memory only once something changed (fewer per-device bytes, more devices), so launchers do not loop.
 USER_EXIT, TRANSIENT_EXIT, RESOURCES_EXIT = 2, 3, 5
@@ -36,18 +38,52 @@ _ENVIRONMENT_WORDS = ("PERMISSION_DENIED", "DEADLINE_EXCEEDED", "UNAVAILABLE", "
 def failure_kind(error: BaseException | None) -> str | None:
   """'resources' (out of memory), 'environment' (I/O, permissions, time) or None (possibly damage),
   from the exception and everything it was raised from or during."""
-  seen = []
-  while error is not None and error not in seen:
-    seen.append(error)
-    text = f"{type(error).__name__}: {error}"
-    if isinstance(error, MemoryError) or any(w in text for w in _RESOURCES_WORDS):
+  for e in _chain(error):
+    text = f"{type(e).__name__}: {e}"
+    if isinstance(e, MemoryError) or any(w in text for w in _RESOURCES_WORDS):
       return "resources"
-    if isinstance(error, TimeoutError) or (isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS):
+    if isinstance(e, TimeoutError) or (isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS):
       return "environment"
     if any(w in text for w in _ENVIRONMENT_WORDS):
       return "environment"
-    error = error.__cause__ or error.__context__
   return None
+
+
+def error_line(error: BaseException, workdir: str | None) -> tuple[str, int] | None:
+  """main.py's one line and exit code for an error that reached it, or None for one that is not
+  classified (a bug: its traceback is the report, and exit 1 is restarted)."""
+  if isinstance(error, UserError):
+    return str(error), getattr(error, "exit_code", USER_EXIT)
+  if isinstance(error, OSError):
+    return os_error_line(error, workdir)
+  # Raised from Orbax's or Grain's threads, XLA or tensorstore, the cause may sit deeper.
+  inner = next((e for e in _chain(error) if isinstance(e, OSError) and e.errno is not None), None)
+  if inner is not None:
+    return os_error_line(inner, workdir)
+  kind = failure_kind(error)
+  detail = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+  if kind == "resources":
+    return (
+      f"out of memory ({detail}): lower the memory per device (more devices, mesh.fsdp, "
+      "sharding.strategy=fsdp, microbatches, model.remat) and run again; the checkpoints saved so far "
+      "are whole",
+      RESOURCES_EXIT,
+    )
+  if kind == "environment":
+    return (
+      f"{detail}: the machine, its file system or a peer failed, not the config; run the same command "
+      "again once it is fixed; the checkpoints saved so far are whole",
+      TRANSIENT_EXIT,
+    )
+  return None
+
+
+def _chain(error: BaseException | None):
+  seen = []
+  while error is not None and error not in seen:
+    seen.append(error)
+    yield error
+    error = error.__cause__ or error.__context__
 
 
 def os_error_line(error: OSError, workdir: str | None) -> tuple[str, int]:
@@ -64,7 +100,7 @@ def os_error_line(error: OSError, workdir: str | None) -> tuple[str, int]:
     )
   # Permissions on the run's own paths are the user's to fix: restarting would fail the same way.
   if failure_kind(error) == "environment" and error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-    name = errno.errorcode.get(error.errno, str(error.errno))
+    name = errno.errorcode.get(error.errno) or type(error).__name__
     return (
       f"{where}: {error.strerror or error} ({name}): the machine or its file system failed, not the "
       "config; run the same command again once it is fixed",

@@ -15,6 +15,18 @@ HEARTBEAT_TIMEOUT_ENV = "JAX_HEARTBEAT_TIMEOUT_S"
 SHUTDOWN_TIMEOUT_ENV = "JAX_SHUTDOWN_TIMEOUT_S"
 
 
+# XLA:CPU ends the process (a C++ abort, exit 134) when the threads of one collective do not all
+# arrive within its termination timeout: on a loaded host (another job on the same cores) a healthy
+# run died this way. Our watchdog (watchdog.step_timeout_s, 300 s) and liveness check name a truly
+# stuck or lost process first, so XLA's own bounds are set above every watchdog budget. Flags of
+# yours in XLA_FLAGS come later and win.
+CPU_COLLECTIVE_FLAGS = (
+  "--xla_cpu_collective_call_warn_stuck_timeout_seconds=600",
+  "--xla_cpu_collective_call_terminate_timeout_seconds=3600",
+  "--xla_cpu_collective_timeout_seconds=3600",
+)
+
+
 def configure_cpu_devices(n: int | None) -> None:
   """N logical CPU devices; must run before anything touches jax.devices()."""
   if not n:
@@ -23,6 +35,7 @@ def configure_cpu_devices(n: int | None) -> None:
     raise UserError(f"--cpu_devices={n}: must be at least 1")
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", n)
+  os.environ["XLA_FLAGS"] = " ".join((*CPU_COLLECTIVE_FLAGS, os.environ.get("XLA_FLAGS", ""))).strip()
 
 
 def _cluster_env() -> bool:
