@@ -38,6 +38,12 @@ _PATHWAYS = flags.DEFINE_bool(
 _INIT_TIMEOUT = flags.DEFINE_integer(
   "distributed_init_timeout_s", None, "Seconds to wait for every process to join (JAX default 300)."
 )
+_CPU_COLLECTIVES_INTERFACE = flags.DEFINE_string(
+  "cpu_collectives_interface",
+  None,
+  "Network interface whose address Gloo (collectives between CPU processes) advertises; default: the "
+  "address the host name resolves to.",
+)
 _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
   "distributed_heartbeat_timeout_s", None, "Seconds before a silent peer ends the job (JAX default 100)."
 )
@@ -123,6 +129,7 @@ def main(argv):
       pathways.initialize()  # Instead of join_job: no jax.distributed, one controller process.
     else:
       runtime.configure_cpu_devices(_CPU_DEVICES.value)
+      runtime.use_cpu_collectives_interface(_CPU_COLLECTIVES_INTERFACE.value)
       runtime.join_job(
         _COORDINATOR.value,
         _NUM_PROCESSES.value,

@@ -4,9 +4,11 @@ launch/slurm/train.sbatch and the rendered Kubernetes JobSet follow the same cod
 
   0        finished                                    never restart
   2        a user error (config, data, code)           never restart: it would fail the same way
-  3        the watchdog, a lost peer, an I/O error     restart (transient)
-  4        a device computed wrong (replicas differ)   never restart: take the host out first
-  5        out of memory restoring a checkpoint        never restart as is: give it more memory first
+  3        the watchdog, a lost peer, an I/O error,    restart (transient)
+           a full disk, a timeout
+  4        a device computed wrong (replicas differ,   never restart: take the host out first
+           or the recomputed step)
+  5        out of memory (restoring, saving, reading)  never restart as is: give it more memory first
   130/143  interrupted by SIGINT/SIGTERM at start-up    the scheduler's call (a preemption: restart)
   other    a crash, a lost peer, a kill                restart
 """
@@ -19,9 +21,9 @@ import signal
 EXIT_CODES = {
   0: "finished",
   2: "a user error (config, data or code): fix it; restarting would fail the same way",
-  3: "transient: the watchdog, a lost peer or an I/O error",
-  4: "a device computed wrong (replicas differ): take its host out before resuming",
-  5: "out of memory restoring a checkpoint: more devices or a finer split, then rerun",
+  3: "transient: the watchdog, a lost peer, an I/O error, a full disk or a timeout",
+  4: "a device computed wrong (replicas or the recomputed step differ): take its host out before resuming",
+  5: "out of memory: more devices or a finer split, then rerun",
 }
 NEVER_RESTART = (0, 2, 4, 5)
 

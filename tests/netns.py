@@ -38,29 +38,37 @@ def _run(*argv: str) -> None:
   subprocess.run(argv, check=True, capture_output=True, text=True, timeout=10)
 
 
+LINK = "fab0"  # The link's name inside each namespace, the same on both, as a host's "eth0" would be.
+
+
 @contextlib.contextmanager
-def two_hosts():
-  tag = f"{os.getpid() % 100_000}"
+def two_hosts(resolve_hostname: bool = True, subnet: int = 0):
+  """`resolve_hostname=False` leaves /etc/hosts as it is: Gloo then needs main.py's
+  --cpu_collectives_interface=fab0. Two pairs at once need different `subnet`s."""
+  tag = f"{os.getpid() % 10_000}{subnet}"
   hosts = Hosts(
     namespaces=[f"tplns{tag}a", f"tplns{tag}b"],
-    links=[f"tpl{tag}a", f"tpl{tag}b"],
-    addresses=[f"10.213.{os.getpid() % 250}.{i}" for i in (1, 2)],
+    links=[LINK, LINK],
+    addresses=[f"10.{213 + subnet}.{os.getpid() % 250}.{i}" for i in (1, 2)],
   )
+  ends = [f"tpl{tag}a", f"tpl{tag}b"]
   made: list[str] = []
   try:
     try:
       for ns in hosts.namespaces:
         _run("ip", "netns", "add", ns)
         made.append(ns)
-      _run("ip", "link", "add", hosts.links[0], "type", "veth", "peer", "name", hosts.links[1])
+      _run("ip", "link", "add", ends[0], "type", "veth", "peer", "name", ends[1])
       for i, ns in enumerate(hosts.namespaces):
-        _run("ip", "link", "set", hosts.links[i], "netns", ns)
+        _run("ip", "link", "set", ends[i], "netns", ns)
+        hosts.ip(i, "link", "set", ends[i], "name", LINK)
         hosts.ip(i, "addr", "add", f"{hosts.addresses[i]}/24", "dev", hosts.links[i])
         hosts.ip(i, "link", "set", hosts.links[i], "up")
         hosts.ip(i, "link", "set", "lo", "up")
-        os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
-        with open(f"/etc/netns/{ns}/hosts", "w") as f:
-          f.write(f"127.0.0.1 localhost\n{hosts.addresses[i]} {socket.gethostname()}\n")
+        if resolve_hostname:
+          os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+          with open(f"/etc/netns/{ns}/hosts", "w") as f:
+            f.write(f"127.0.0.1 localhost\n{hosts.addresses[i]} {socket.gethostname()}\n")
     except (OSError, subprocess.SubprocessError) as e:
       detail = getattr(e, "stderr", None) or e
       pytest.skip(f"network namespaces cannot be made here (needs root and `ip netns`): {detail}")

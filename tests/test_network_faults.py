@@ -2,7 +2,9 @@
 namespaces of their own (tests/netns.py, as separate hosts would), joined through a veth link that
 the tests cut. A partition ends every process within the peer timeout with one line naming the
 process it lost and its phase, exit 3 and no stack on the console; the launcher's restart then
-continues bit for bit. A flap shorter than the peer timeout is survived, bit for bit."""
+continues bit for bit. A flap shorter than the peer timeout is survived, bit for bit, and so is a
+job beside CPU hogs; where the host name does not resolve to the host's own address, Gloo is told the
+interface."""
 
 import os
 import re
@@ -13,6 +15,7 @@ import time
 
 import pytest
 
+from tests import netns
 from tests.conftest import REPO, TINY_FLAGS, train_losses
 from tests.netns import two_hosts
 
@@ -32,10 +35,10 @@ FLAGS = [
 class Launch:
   """launch/local.py over the two namespaces, its output read as it comes."""
 
-  def __init__(self, hosts, workdir, *launcher_flags, pauses=READS):
+  def __init__(self, hosts, workdir, *launcher_flags, pauses=READS, main_flags=()):
     argv = [sys.executable, os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=4"]
     argv += [f"--netns={','.join(hosts.namespaces)}", "--main=tests/main_with_pauses.py", *launcher_flags]
-    argv += ["--", pauses, *FLAGS, f"--workdir={workdir}"]
+    argv += ["--", pauses, *FLAGS, *main_flags, f"--workdir={workdir}"]
     env = {**os.environ, "JAX_HEARTBEAT_TIMEOUT_S": "40"}
     self.proc = subprocess.Popen(
       argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -148,3 +151,30 @@ def test_a_partition_mid_save_ends_both_processes_in_one_line_each_and_keeps_eve
   assert "Thread 0x" not in out and "Check failure" not in out, out
   kept = sorted(n for n in os.listdir(tmp_path / "checkpoints") if n.isdigit())
   assert kept == ["2", "4"], os.listdir(tmp_path / "checkpoints")
+
+
+def test_a_job_beside_cpu_hogs_on_the_same_cores_finishes_bit_for_bit(hosts, straight, tmp_path):
+  """Two busy processes per core, as another job on the same machine: the run slows down, and no
+  bound of XLA:CPU's collectives, Gloo, our barriers or the liveness check ends it."""
+  hogs = [
+    subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 2))
+  ]
+  try:
+    run = Launch(hosts, tmp_path)
+    code = run.finish(timeout=600)
+  finally:
+    for hog in hogs:
+      hog.kill()
+      hog.wait()
+  assert code == 0, run.output()
+  assert train_losses(str(tmp_path)) == straight
+
+
+def test_where_the_host_name_resolves_elsewhere_gloo_is_told_the_interface(straight, tmp_path):
+  """Namespaces whose host name resolves to 127.0.0.1 (as a real host's may, to 127.0.1.1): Gloo
+  would advertise loopback to its peer and the job would fail; --cpu_collectives_interface names the
+  interface whose address it advertises, and the job trains as on the others."""
+  with two_hosts(resolve_hostname=False, subnet=1) as other:
+    run = Launch(other, tmp_path, main_flags=[f"--cpu_collectives_interface={netns.LINK}"])
+    assert run.finish(timeout=180) == 0, run.output()
+  assert train_losses(str(tmp_path)) == straight

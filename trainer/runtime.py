@@ -27,6 +27,25 @@ CPU_COLLECTIVE_FLAGS = (
 )
 
 
+def use_cpu_collectives_interface(interface: str | None) -> None:
+  """Gloo, XLA:CPU's collectives between processes, advertises to its peers the address this host's
+  name resolves to (often 127.0.1.1, or another network's address on a multi-homed host): with an
+  interface named, the address of that interface instead. Must run before the CPU backend starts.
+  JAX passes no such option; jaxlib's make_gloo_tcp_collectives takes it, so its one caller in JAX
+  (the CPU client's factory) gets it bound in."""
+  if not interface:
+    return
+  import socket
+
+  if interface not in {name for _, name in socket.if_nameindex()}:
+    names = ", ".join(sorted(name for _, name in socket.if_nameindex()))
+    raise UserError(f"--cpu_collectives_interface={interface}: no such network interface here ({names})")
+  from jax._src import xla_bridge
+
+  make = xla_bridge._jax.make_gloo_tcp_collectives
+  xla_bridge._jax.make_gloo_tcp_collectives = lambda **kw: make(**kw, interface=interface)
+
+
 def configure_cpu_devices(n: int | None) -> None:
   """N logical CPU devices; must run before anything touches jax.devices()."""
   if not n:
