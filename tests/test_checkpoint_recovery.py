@@ -263,3 +263,20 @@ def test_a_changed_byte_is_proven_damage_and_an_unproven_checkpoint_is_judged_by
   wrapped = RuntimeError("restore failed")
   wrapped.__cause__ = MemoryError()
   assert failures.failure_kind(wrapped) == "resources"
+
+
+def test_checksums_are_written_in_shares_and_prove_only_when_every_share_landed(tmp_path):
+  """Each of 3 processes records every 3rd file; all shares together prove the checkpoint whole on
+  any number of readers, a missing share leaves it unproven (not damaged), a changed file is proof."""
+  from trainer import checkpoint_proof
+
+  for i in range(7):
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / f"f{i}").write_bytes(bytes([i]) * (100 + i))
+  for i in range(3):
+    checkpoint_proof.write(str(tmp_path), (i, 3))
+  assert all(checkpoint_proof.verify(str(tmp_path), (i, 2)) is True for i in range(2))
+  (tmp_path / "state" / "f4").write_bytes(bytes([9]) * 104)
+  assert "state/f4 changed" in checkpoint_proof.verify(str(tmp_path))
+  os.remove(tmp_path / "checksums-1-of-3.json")
+  assert checkpoint_proof.verify(str(tmp_path)) is False
