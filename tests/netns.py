@@ -33,6 +33,18 @@ class Hosts:
   def heal(self) -> None:
     self.ip(1, "link", "set", self.links[1], "up")
 
+  @contextlib.contextmanager
+  def slow_link(self, i: int, rate: str):
+    """Namespace i's outgoing traffic shaped to `rate` (a token bucket: a slow or congested link)."""
+    shape = ["qdisc", "add", "dev", self.links[i], "root", "tbf", "rate", rate, "burst", "16kbit"]
+    subprocess.run(["tc", "-n", self.namespaces[i], *shape, "latency", "400ms"], check=True, timeout=10)
+    try:
+      yield
+    finally:
+      subprocess.run(
+        ["tc", "-n", self.namespaces[i], "qdisc", "del", "dev", self.links[i], "root"], timeout=10
+      )
+
 
 def _run(*argv: str) -> None:
   subprocess.run(argv, check=True, capture_output=True, text=True, timeout=10)

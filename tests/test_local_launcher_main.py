@@ -66,7 +66,8 @@ def test_two_processes_train_like_one(five_steps):
 @pytest.mark.slow
 def test_the_slow_process_is_named_and_every_process_reports_its_profile(five_steps):
   two, _, result = five_steps
-  named = [line for line in result.stdout.splitlines() if "straggler:" in line]
+  # (Round trips on loopback under a loaded CI machine may come and go; the slow reader must be named.)
+  named = [line for line in result.stdout.splitlines() if "straggler:" in line and "link round" not in line]
   assert [line.split(" s/step")[0][:-6] for line in named] == ["[p0] straggler: process 1's data wait is"], (
     named
   )

@@ -188,3 +188,15 @@ def test_where_the_host_name_resolves_elsewhere_gloo_is_told_the_interface(strai
     run = Launch(other, tmp_path, main_flags=[f"--cpu_collectives_interface={netns.LINK}"])
     assert run.finish(timeout=180) == 0, run.output()
   assert train_losses(str(tmp_path)) == straight
+
+
+def test_a_slow_link_on_one_host_is_named_by_the_straggler_report(hosts, tmp_path):
+  """Process 1's host sends through a 300 kbit/s token bucket: its round trips to the coordination
+  service queue behind its share of the collectives, and process 0 names its link, not a host."""
+  with hosts.slow_link(1, "300kbit"):
+    run = Launch(hosts, tmp_path, pauses="read=0", main_flags=["--config.steps=6", "--config.log_every=2"])
+    assert run.finish(timeout=240) == 0, run.output()
+  named = [line for _, line in run.lines if "straggler:" in line]
+  assert named and all(line.startswith("[p0] straggler: process 1's link round trip is") for line in named), (
+    run.output()
+  )

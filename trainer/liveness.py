@@ -16,6 +16,7 @@ watchdog.startup_timeout_s instead.
 """
 
 import json
+import statistics
 import threading
 import time
 
@@ -39,6 +40,7 @@ class Liveness:
     self._contact = self.started  # When a round trip to the service last succeeded.
     self._seen: dict[int, tuple[int, float]] = {}  # peer -> (its counter, when we saw it change)
     self._reports: dict[int, dict] = {}  # peer -> its latest report
+    self._round_trips: list[float] = []  # Seconds of each round trip since round_trip_s() last ran.
     if self._client is None:
       return
     from trainer import runtime
@@ -63,6 +65,7 @@ class Liveness:
       count += 1
       with self._lock:
         mine = json.dumps({"count": count, "report": self._report})
+      sent = time.time()
       try:
         self._client.key_value_set(f"liveness/{self.me}", mine, allow_overwrite=True)
         rows = self._client.key_value_dir_get("liveness/")
@@ -72,6 +75,7 @@ class Liveness:
       now = time.time()
       with self._lock:
         self._contact = now
+        self._round_trips.append((now - sent) / 2)  # Two calls: one round trip each.
         for key, value in rows:
           peer, row = int(key.rsplit("/", 1)[1]), json.loads(value)
           if peer == self.me:
@@ -80,6 +84,14 @@ class Liveness:
           if self._seen.get(peer, (None,))[0] != row["count"]:
             self._seen[peer] = (row["count"], now)
       time.sleep(_PERIOD_S)
+
+  def round_trip_s(self) -> float:
+    """The mean round trip to the coordination service (on process 0's host) since the last call: a
+    slow or congested link of this host shows here, as the trips that queue behind its collectives
+    (trainer/straggler.py compares them)."""
+    with self._lock:
+      trips, self._round_trips = self._round_trips, []
+    return statistics.fmean(trips) if trips else 0.0
 
   def lost(self, now: float) -> str | None:
     """What this process has lost contact with (a phrase), or None."""

@@ -1,5 +1,7 @@
-"""Names a process that is slower than the others: its data wait or dispatch time per step, over a
-logging window, against the median of the other processes'.
+"""Names a process that is slower than the others: its data wait or dispatch time per step, or its
+link's round trip to the coordination service (trainer/liveness.py), over a logging window, against
+the median of the other processes'. A slow link at process 0's host, where the service runs, slows
+every other process's round trip alike, so none stands out there; one elsewhere is named.
 
 Every process publishes its window's figures in the same progress report its watchdog publishes
 (trainer/watchdog.py), and process 0 compares the latest of each. Device time is the same on every
@@ -14,7 +16,8 @@ import jax
 
 from trainer.metrics import console
 
-MEASURES = {"data_s": "data wait", "dispatch_s": "step dispatch"}
+MEASURES = {"data_s": "data wait", "dispatch_s": "step dispatch", "link_s": "link round trip"}
+PER = {"data_s": "s/step", "dispatch_s": "s/step", "link_s": "s"}
 
 
 def find(windows: dict[int, dict], factor: float, min_s: float) -> list[tuple[int, str, float, float, int]]:
@@ -25,7 +28,9 @@ def find(windows: dict[int, dict], factor: float, min_s: float) -> list[tuple[in
   found = []
   for measure in MEASURES:
     for p, w in sorted(windows.items()):
-      median = statistics.median(o[measure] for q, o in windows.items() if q != p)
+      if measure not in w:
+        continue
+      median = statistics.median(o.get(measure, 0.0) for q, o in windows.items() if q != p)
       if w[measure] > factor * median and w[measure] - median > min_s:
         found.append((p, measure, w[measure], median, w["step"]))
   return found
@@ -33,8 +38,9 @@ def find(windows: dict[int, dict], factor: float, min_s: float) -> list[tuple[in
 
 def line(process: int, measure: str, seconds: float, median: float, step: int, factor: float) -> str:
   return (
-    f"straggler: process {process}'s {MEASURES[measure]} is {seconds:.3f} s/step against a median of "
-    f"{median:.3f} s/step on the other processes (window ending at step {step}; straggler.factor={factor:g})"
+    f"straggler: process {process}'s {MEASURES[measure]} is {seconds:.3f} {PER[measure]} against a median "
+    f"of {median:.3f} {PER[measure]} on the other processes (window ending at step {step}; "
+    f"straggler.factor={factor:g})"
   )
 
 
@@ -42,7 +48,8 @@ def report(watchdog, window, step: int, config, seen: set) -> dict:
   """Publishes this process's window; on process 0, names a process slower than the others (one line
   when it starts being one) and returns {"stragglers": [process, ...]} for the metrics row."""
   n = max(window.steps, 1)
-  watchdog.note_window({"step": step, "data_s": window.fetch / n, "dispatch_s": window.dispatch / n})
+  figures = {"data_s": window.fetch / n, "dispatch_s": window.dispatch / n}
+  watchdog.note_window({"step": step, **figures, "link_s": watchdog.link_round_trip_s()})
   if jax.process_index() != 0 or jax.process_count() == 1:
     return {}
   found = find(watchdog.peer_windows(), config.factor, config.min_s)

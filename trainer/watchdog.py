@@ -58,6 +58,9 @@ class Watchdog:
       self._window = window
     self._publish()
 
+  def link_round_trip_s(self) -> float:
+    return self._peers.round_trip_s()
+
   def peer_windows(self) -> dict[int, dict]:
     """{process: its latest window} of every process that published one (this one included)."""
     windows = {p: r["window"] for p, r in self._peers.reports().items() if r and r.get("window")}
