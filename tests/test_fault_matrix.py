@@ -122,11 +122,22 @@ MATRIX = {
 }
 
 
-@pytest.mark.parametrize("cell", list(MATRIX))
-def test_fault_matrix(cell, data, straight, tmp_path, monkeypatch, capsys):
-  inject, code, words = MATRIX[cell]
-  workdir = str(tmp_path)
+@pytest.fixture(scope="module")
+def four_steps(data, tmp_path_factory):
+  """A run stopped at step 4 (checkpoints 2 and 4), copied for each cell: a run's files hold no
+  absolute paths, so a copy resumes as the original would."""
+  workdir = str(tmp_path_factory.mktemp("four_steps"))
   train(_cfg(data), workdir, stop_after=4)
+  return workdir
+
+
+@pytest.mark.parametrize("cell", list(MATRIX))
+def test_fault_matrix(cell, data, straight, four_steps, tmp_path, monkeypatch, capsys):
+  import shutil
+
+  inject, code, words = MATRIX[cell]
+  workdir = str(tmp_path / "run")
+  shutil.copytree(four_steps, workdir)
   kept = {r["step"]: r for r in _rows(workdir) if "loss" in r}
   with monkeypatch.context() as m:
     inject(m, workdir)

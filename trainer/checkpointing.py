@@ -317,22 +317,20 @@ class Checkpoints:
   @staticmethod
   def _prove(step: int, step_dir: str, part: tuple[int, int]) -> None:
     try:
-      for _ in range(300):  # Process 0 commits (renames) the directory; the others may finish first.
-        if os.path.isdir(step_dir):
-          checkpoint_proof.write(step_dir, part)
-          return
-        time.sleep(0.1)
+      checkpoint_proof.write(step_dir, part)
     except OSError as e:  # A full disk, say: the checkpoint stays whole, only unproven.
       print(f"warning: checkpoint {step}: checksums not written ({e}); it stays unproven", flush=True)
 
   def _record(self) -> None:
     step, started, blocking = self._pending
     self._pending = None
-    # Committed: this process's share of its checksums, off the loop's thread (a kill before every
-    # share lands leaves it unproven).
+    # Committed (Orbax's processes finish a save together, after process 0 renamed it in place): this
+    # process's share of its checksums, off the loop's thread (a kill before every share lands leaves
+    # it unproven).
     step_dir, part = os.path.join(self.directory, str(step)), (jax.process_index(), jax.process_count())
-    self._proving = threading.Thread(target=self._prove, args=(step, step_dir, part), daemon=True)
-    self._proving.start()
+    if os.path.isdir(step_dir):
+      self._proving = threading.Thread(target=self._prove, args=(step, step_dir, part), daemon=True)
+      self._proving.start()
     self._records.append(
       {"event": "checkpoint", "step": step, "blocking_s": blocking, "write_s": time.time() - started}
     )

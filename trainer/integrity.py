@@ -21,13 +21,11 @@ class Checks:
         f"warning: checks.recompute_every={c.recompute_every} is off: a process with one device has no "
         "other device to recompute its shards on"
       )
-    self.on_schedule = lambda step, every: (
-      step % every == 0 or step % self.save_every == 0 or step == last_step
-    )
 
   def copy_if_due(self, step: int, state, batch):
     """Before step `step` runs: the copy it will be recomputed from, if it is checked (else None)."""
-    if self.recompute.on and self.on_schedule(step, self.recompute.every):
+    every = self.recompute.every
+    if self.recompute.on and (step % every == 0 or step % self.save_every == 0 or step == self.last_step):
       return self.recompute.copy(state, batch)
     return None
 

@@ -77,7 +77,10 @@ class Liveness:
         self._contact = now
         self._round_trips.append((now - sent) / 2)  # Two calls: one round trip each.
         for key, value in rows:
-          peer, row = int(key.rsplit("/", 1)[1]), json.loads(value)
+          try:
+            peer, row = int(key.rsplit("/", 1)[1]), json.loads(value)
+          except ValueError:  # Not ours: nothing else writes here, but a bad row must not end the thread.
+            continue
           if peer == self.me:
             continue
           self._reports[peer] = row["report"] or None

@@ -12,10 +12,9 @@ What it can name: a device that computes its own part of the step wrong (its sha
 share of a reduction) makes the shards it held differ in the run where it held them; it is the one
 device common to every difference. What it sees but cannot name: a wrong computation before the
 gradients are reduced (a device's forward or backward pass) reaches every shard. What it cannot see:
-a device that is wrong the same way in both runs at the same logical place (none: the rotation moves
-every shard), state already corrupted before the copy (the save-time checksums prove a checkpoint
-was stored as written, trainer/checkpoint_proof.py), a process with a single device (nothing to
-rotate: the check is off there, and says so).
+state corrupted in memory before the copy (both runs start from it; the save-time checksums prove
+only that a checkpoint reads back as written, trainer/checkpoint_proof.py), and anything in a
+process with a single device (nothing to rotate: the check is off there, and says so).
 """
 
 import collections
