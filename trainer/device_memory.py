@@ -13,16 +13,18 @@ import os
 import jax
 
 
-def _shard_bytes(leaf) -> int:
+def shard_bytes(leaf) -> int:
+  """Bytes each device holds of one array, from its sharding's shard shape."""
   return math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
 
 
-def bytes_per_device(tree) -> dict:
-  """{device: bytes of `tree` it holds}, for this process's devices (`tree`'s leaves carry shardings)."""
+def bytes_per_device(tree, addressable_only: bool = True) -> dict:
+  """{device: bytes of `tree` it holds}, for this process's devices or every device of the job
+  (`tree`'s leaves carry shardings)."""
   out = {}
   for leaf in jax.tree.leaves(tree):
-    for device in leaf.sharding.addressable_devices:
-      out[device] = out.get(device, 0) + _shard_bytes(leaf)
+    for device in leaf.sharding.addressable_devices if addressable_only else leaf.sharding.device_set:
+      out[device] = out.get(device, 0) + shard_bytes(leaf)
   return out
 
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from errors import UserError
-from trainer import components, hardware, model_flops
+from trainer import components, device_memory, hardware, model_flops
 from trainer import state as state_lib
 from trainer.hlo_collectives import collectives, trip_multipliers
 from trainer.metrics import console, device_label
@@ -22,12 +22,6 @@ from trainer.step import make_train_step
 
 def _index(idx, shape) -> list[list[int]]:
   return [[s.start or 0, d if s.stop is None else s.stop] for s, d in zip(idx, shape, strict=True)]
-
-
-def _bytes_per_device(leaf) -> int:
-  """Bytes each device holds of one array, from its sharding's shard shape."""
-  shard = leaf.sharding.shard_shape(leaf.shape)
-  return int(np.prod(shard, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
 
 
 def _leaves(tree):
@@ -83,18 +77,15 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
         "logical_axes": list(logical[path]),
         "spec": [list(a) if isinstance(a, tuple) else a for a in leaf.sharding.spec],
         "bytes_total": int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize,
-        "bytes_per_device": _bytes_per_device(leaf),
+        "bytes_per_device": device_memory.shard_bytes(leaf),
         "shards": [{"device_id": d.id, "index": _index(index_map[d], leaf.shape)} for d in devices],
       }
     )
   opt_leaves = [leaf for _, leaf in _leaves(target.opt_state)]
 
-  def max_per_device(leaves):
-    totals = {d.id: 0 for d in devices}
-    for leaf in leaves:
-      for d in leaf.sharding.devices_indices_map(leaf.shape):
-        totals[d.id] += _bytes_per_device(leaf)
-    return max(totals.values())
+  max_per_device = lambda leaves: max(
+    device_memory.bytes_per_device(leaves, addressable_only=False).values(), default=0
+  )
 
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
@@ -107,8 +98,9 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
   sent = sum(e["sent_bytes_per_device"] for e in table)
   per_device = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
   per_device += memory.temp_size_in_bytes
+  param_max, opt_max = max_per_device(param_leaves), max_per_device(opt_leaves)
   if config.checks.recompute_every:  # A checked step keeps the step's own result while it runs again.
-    per_device += max_per_device(param_leaves) + max_per_device(opt_leaves)
+    per_device += param_max + opt_max
   loops = sum(1 for line in hlo.splitlines() if " while(" in line)
   model = model_flops.per_step(comp.experiment, config, state_lib.param_count(target.params))
   return {
@@ -130,8 +122,8 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
       "opt_state_bytes": sum(
         int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize for x in opt_leaves
       ),
-      "param_bytes_per_device_max": max_per_device(param_leaves),
-      "opt_state_bytes_per_device_max": max_per_device(opt_leaves),
+      "param_bytes_per_device_max": param_max,
+      "opt_state_bytes_per_device_max": opt_max,
     },
     "compiled": {
       "memory_per_device": {
