@@ -49,11 +49,10 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), REPO]  # Its neighbours; trainer.rundir.
 from process_output import LinePump, log  # noqa: E402
 from restart_policy import NEVER_RESTART, cause, newest_checkpoint, past_startup  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Short jax.distributed timeouts (seconds), read by trainer/runtime.py: on one machine every process
 # starts within seconds and finishes within seconds of the others, so a peer that never connects or

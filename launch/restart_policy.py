@@ -13,9 +13,11 @@ launch/slurm/train.sbatch and the rendered Kubernetes JobSet follow the same cod
   other    a crash, a lost peer, a kill                restart
 """
 
-import json
 import os
 import signal
+
+from trainer import rundir
+from trainer.rundir import newest_checkpoint  # noqa: F401 - the launchers' import of it.
 
 # What an exit code tells a restart policy (main.py's codes; a signal N shows as 128 + N).
 EXIT_CODES = {
@@ -35,27 +37,11 @@ def cause(code: int) -> str:
   return f"exited with code {code}" + (f" ({EXIT_CODES[code]})" if code in EXIT_CODES else "")
 
 
-def newest_checkpoint(workdir: str | None) -> int | None:
-  """The newest complete checkpoint step under WORKDIR/checkpoints (a partial save has a suffix)."""
-  try:
-    steps = [int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
-  except (OSError, TypeError):
-    return None
-  return max(steps, default=None)
-
-
 def past_startup(workdir: str | None, process: int, since: float) -> bool:
   """Whether `process` got past start-up after `since` (time.time()): main.py writes a `start` row to
   WORKDIR/processes/process_I.jsonl once it has built, restored and compiled."""
   try:
-    with open(os.path.join(workdir, "processes", f"process_{process}.jsonl")) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except ValueError:
-          continue
-        if isinstance(row, dict) and row.get("event") == "start" and row.get("time", 0) > since:
-          return True
+    rows = rundir.read_jsonl(os.path.join(workdir, "processes", f"process_{process}.jsonl"))
   except (OSError, TypeError):
-    pass
-  return False
+    return False
+  return any(row.get("event") == "start" and row.get("time", 0) > since for row in rows)

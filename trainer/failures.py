@@ -11,6 +11,7 @@ import os
 import shutil
 
 from errors import UserError
+from trainer import rundir
 
 # Exit codes (launch/restart_policy.py): a restart helps after a transient fault; after running out of
 # memory only once something changed (fewer per-device bytes, more devices), so launchers do not loop.
@@ -110,15 +111,10 @@ def os_error_line(error: OSError, workdir: str | None) -> tuple[str, int]:
 
 
 def _newest_checkpoint_bytes(workdir: str | None) -> int:
-  root = os.path.join(workdir or "", "checkpoints")
-  try:
-    steps = sorted((n for n in os.listdir(root) if n.isdigit()), key=int)
-  except OSError:
-    return 0
-  if not steps:
+  if (step := rundir.newest_checkpoint(workdir)) is None:
     return 0
   total = 0
-  for dirpath, _, names in os.walk(os.path.join(root, steps[-1])):
+  for dirpath, _, names in os.walk(os.path.join(workdir, "checkpoints", str(step))):
     total += sum(os.path.getsize(os.path.join(dirpath, n)) for n in names)
   return total
 

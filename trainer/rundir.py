@@ -5,6 +5,7 @@ trust (errors.require_keys names what an incomplete one lacks).
 """
 
 import json
+import os
 
 from errors import require_keys
 
@@ -38,3 +39,12 @@ def read_json_object(path: str) -> dict | None:
   except (OSError, ValueError):
     return None
   return value if isinstance(value, dict) else None
+
+
+def newest_checkpoint(workdir: str | None) -> int | None:
+  """The newest complete checkpoint step under WORKDIR/checkpoints (a partial save has a suffix)."""
+  try:
+    steps = [int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
+  except (OSError, TypeError):
+    return None
+  return max(steps, default=None)
