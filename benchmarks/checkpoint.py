@@ -28,6 +28,15 @@ LARGE = {  # ~107M parameters: 10 layers of width 768, vocabulary 8192.
 }
 
 
+def smoke_config(overrides: dict):
+  """configs/smoke_cpu.py with `{"section.key": value}` overrides (LARGE, a mesh)."""
+  config = runpy.run_path("configs/smoke_cpu.py")["get_config"]()
+  for key, value in overrides.items():
+    section, leaf = key.split(".")
+    config[section][leaf] = value
+  return config
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--cpu_devices", type=int, default=8)
@@ -47,10 +56,7 @@ def main():
 
   print(f"devices: {device_label()}")
   for name, overrides in (("smoke", {}), ("~100M", LARGE)):
-    config = runpy.run_path("configs/smoke_cpu.py")["get_config"]()
-    for key, value in overrides.items():
-      section, leaf = key.split(".")
-      config[section][leaf] = value
+    config = smoke_config(overrides)
     comp = components.build(config)
     state = components.init_state(comp, config)
     jax.block_until_ready(state)

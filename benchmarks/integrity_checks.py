@@ -14,7 +14,6 @@ Logical CPU devices share this machine's cores: the ratio, not the seconds, carr
 
 import argparse
 import os
-import runpy
 import statistics
 import sys
 import time
@@ -22,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-from checkpoint import LARGE  # noqa: E402
+from checkpoint import LARGE, smoke_config  # noqa: E402
 
 INTERVAL = 500  # configs/lm_125m.py and lm_1b.py check every 500 steps.
 
@@ -62,10 +61,7 @@ def _measure(name: str, overrides: dict, repeats: int) -> str:
   from trainer import state as state_lib
   from trainer.step import make_train_step
 
-  config = runpy.run_path("configs/smoke_cpu.py")["get_config"]()
-  for key, value in {**overrides, "mesh.data": 1, "mesh.fsdp": -1, "mesh.tensor": 1}.items():
-    section, leaf = key.split(".")
-    config[section][leaf] = value
+  config = smoke_config({**overrides, "mesh.data": 1, "mesh.fsdp": -1, "mesh.tensor": 1})
   config.sharding.strategy = "fsdp"
   comp = components.build(config)
   state = [components.init_state(comp, config)]

@@ -177,7 +177,7 @@ class Checkpoints:
     steps = sorted(self.manager.all_steps(), reverse=True)
     # Said before any byte is read (not on a rollback: the state it replaces still holds the memory).
     short = device_memory.shortfall(target) if steps and check_memory else None
-    if not multihost.all_agree("state_fits", short is None, timeout_s=600):
+    if steps and check_memory and not multihost.all_agree("state_fits", short is None, timeout_s=600):
       where = f"checkpoint {steps[0]} ({self.directory}/{steps[0]}) was not restored and was left as is"
       why = short or "it does not fit on another process's devices"
       raise checkpoint_proof.RestoreFailed(f"{where}: {why}; {_LOWER_MEMORY}", failures.RESOURCES_EXIT)

@@ -48,8 +48,14 @@ def report(watchdog, window, step: int, config, seen: set) -> dict:
   """Publishes this process's window; on process 0, names a process slower than the others (one line
   when it starts being one) and returns {"stragglers": [process, ...]} for the metrics row."""
   n = max(window.steps, 1)
-  figures = {"data_s": window.fetch / n, "dispatch_s": window.dispatch / n}
-  watchdog.note_window({"step": step, **figures, "link_s": watchdog.link_round_trip_s()})
+  watchdog.note_window(
+    {
+      "step": step,
+      "data_s": window.fetch / n,
+      "dispatch_s": window.dispatch / n,
+      "link_s": watchdog.link_round_trip_s(),
+    }
+  )
   if jax.process_index() != 0 or jax.process_count() == 1:
     return {}
   found = find(watchdog.peer_windows(), config.factor, config.min_s)
