@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from trainer import interrupts
+from trainer.cluster import interrupts
 
 interrupts.install()  # Before anything slow is imported: a signal from here on is one line, not a traceback.
 for _stream in (sys.stdout, sys.stderr):
@@ -57,7 +57,7 @@ def _fail(msg: str, code: int = 2) -> None:
         f.write(f"{code}\n")
     except OSError:
       pass
-  if (runtime := sys.modules.get("trainer.runtime")) is not None:
+  if (runtime := sys.modules.get("trainer.cluster.runtime")) is not None:
     runtime.exit_now_if_joined(code)  # Not to wait at JAX's shutdown barrier for peers blocked on it.
   sys.exit(code)
 
@@ -118,7 +118,7 @@ def main(argv):
   if _TARGET_DEVICE.value and _MODE.value != "inspect":
     _fail(f"--target_device is for --mode=inspect, not --mode={_MODE.value}")
   try:
-    from trainer import pathways, runtime
+    from trainer.cluster import pathways, runtime
 
     if pathways.requested(_PATHWAYS.value):
       if _CPU_DEVICES.value or any(f.value is not None for f in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID)):
@@ -142,8 +142,8 @@ def main(argv):
     run(_CONFIG.value, _WORKDIR.value, _MODE.value, target_device=_TARGET_DEVICE.value)
   except interrupts.Interrupted as e:
     _interrupted(e)
-  except Exception as e:  # noqa: BLE001 - classified (trainer/failures.py), else the traceback.
-    from trainer import failures
+  except Exception as e:  # noqa: BLE001 - classified (trainer/cluster/failures.py), else the traceback.
+    from trainer.cluster import failures
 
     if (line := failures.error_line(e, _WORKDIR.value)) is None:
       raise

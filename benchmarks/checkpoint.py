@@ -1,7 +1,7 @@
 """How long does an async checkpoint block the training loop, and how fast is the write? Prints, for the
 smoke model and a ~100M-parameter model (params + AdamW moments) on logical CPU devices:
   blocking time (the loop waits: device-to-host copy), total write time (with the checksums written
-  after the commit, trainer/checkpoint_proof.py), throughput (GB/s),
+  after the commit, trainer/checkpoint/proof.py), throughput (GB/s),
   and blocking as a fraction of the write (goal: <= 10%).
 
   .venv/bin/python benchmarks/checkpoint.py [--cpu_devices=8] [--saves=3]
@@ -50,9 +50,10 @@ def main():
   from absl import logging
 
   logging.set_verbosity(logging.WARNING)
-  from trainer import checkpointing, components
+  from trainer import components
   from trainer import state as state_lib
-  from trainer.metrics import device_label
+  from trainer.checkpoint import store
+  from trainer.observe.metrics import device_label
 
   print(f"devices: {device_label()}")
   for name, overrides in (("smoke", {}), ("~100M", LARGE)):
@@ -62,12 +63,12 @@ def main():
     jax.block_until_ready(state)
     nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
     params = state_lib.param_count(state.params)
-    meta = checkpointing.run_metadata(comp, config)
+    meta = store.run_metadata(comp, config)
     blocking, write = [], []
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as workdir:
-      ckpt = checkpointing.Checkpoints(workdir, keep=2, keep_every=0)
+      ckpt = store.Checkpoints(workdir, keep=2, keep_every=0)
       for i in range(1, args.saves + 1):
-        position = checkpointing.data_position(i, 0, comp)
+        position = store.data_position(i, 0, comp)
         t0 = time.perf_counter()
         ckpt.save(i, state, position, config, meta)
         t1 = time.perf_counter()

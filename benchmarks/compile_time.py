@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def compile_seconds(config) -> float:
-  from trainer.inspection import compile_train_step
+  from trainer.modes.inspect import compile_train_step
 
   t0 = time.perf_counter()
   compile_train_step(config)
@@ -30,7 +30,7 @@ def main() -> None:
   parser.add_argument("--config", default="configs/smoke_cpu.py")
   parser.add_argument("--layers", default="2,8,32")
   args = parser.parse_args()
-  from trainer import runtime
+  from trainer.cluster import runtime
 
   runtime.configure_cpu_devices(8)
   import jax

@@ -132,8 +132,9 @@ def check_checkpoint(gpu: bool) -> None:
   import jax
   import numpy as np
 
-  from trainer import checkpointing, components
+  from trainer import components
   from trainer import state as state_lib
+  from trainer.checkpoint import store
 
   config = _lm_125m(gpu)
   comp = components.build(config)
@@ -141,11 +142,9 @@ def check_checkpoint(gpu: bool) -> None:
   jax.block_until_ready(state)
   gb = sum(x.nbytes for x in jax.tree.leaves(state)) / 1e9
   with tempfile.TemporaryDirectory(dir=os.getcwd()) as workdir:
-    ckpt = checkpointing.Checkpoints(workdir, keep=2, keep_every=0)
+    ckpt = store.Checkpoints(workdir, keep=2, keep_every=0)
     t0 = time.perf_counter()
-    ckpt.save(
-      1, state, checkpointing.data_position(1, 0, comp), config, checkpointing.run_metadata(comp, config)
-    )
+    ckpt.save(1, state, store.data_position(1, 0, comp), config, store.run_metadata(comp, config))
     ckpt.wait()
     save_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -166,10 +165,10 @@ def check_lm_125m(gpu: bool) -> None:
   the same step (run last: the peak is the process's, and this step is its largest)."""
   import jax
 
-  from trainer import inspection
+  from trainer.modes import inspect
 
   config = _lm_125m(gpu)
-  estimate = inspection.report(config)["compiled"]["memory_per_device"]["total"]
+  estimate = inspect.report(config)["compiled"]["memory_per_device"]["total"]
   summary, rows = _train(config)
   tokens = statistics.median(r["tokens_per_s"] for r in rows[1:] or rows)  # The first window compiles.
   mfu = summary.get("mfu")
@@ -202,7 +201,7 @@ def main() -> int:
   parser.add_argument("--allow_cpu", action="store_true", help="run at toy sizes on CPU (the suite's test)")
   args = parser.parse_args()
   if args.allow_cpu:
-    from trainer import runtime
+    from trainer.cluster import runtime
 
     runtime.configure_cpu_devices(1)
   import jax

@@ -35,7 +35,7 @@ def main():
   logging.set_verbosity(logging.WARNING)
   from data import pipeline
   from trainer import components
-  from trainer.metrics import device_label
+  from trainer.observe.metrics import device_label
   from trainer.step import make_train_step
   from trainer.train import train
 

@@ -96,12 +96,12 @@ def main():
   parser.add_argument("--cpu_devices", type=int, default=8)
   args = parser.parse_args()
 
-  from trainer import runtime
+  from trainer.cluster import runtime
 
   runtime.configure_cpu_devices(args.cpu_devices)  # Before anything touches jax.devices().
   from absl import logging
 
-  from trainer.metrics import device_label
+  from trainer.observe.metrics import device_label
 
   logging.set_verbosity(logging.WARNING)
   config = _config(args.config, args.steps)

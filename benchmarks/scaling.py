@@ -46,7 +46,7 @@ def measure(config, devices, steps: int) -> dict:
 
   from data import pipeline
   from trainer import components
-  from trainer.hlo_collectives import collectives
+  from trainer.observe.collectives import collectives
   from trainer.step import make_train_step
 
   comp = components.build(config, devices)
@@ -169,7 +169,7 @@ def main(argv=None):
   import jax
   from jax._src import xla_bridge
 
-  from trainer import runtime
+  from trainer.cluster import runtime
 
   # Logical CPU devices unless asked for an accelerator (JAX_PLATFORMS=cuda, or --cpu_devices=0); called
   # from a test, JAX may be up already.
@@ -178,7 +178,7 @@ def main(argv=None):
     runtime.configure_cpu_devices(args.cpu_devices or max(args.devices))
   from absl import logging
 
-  from trainer.metrics import device_label
+  from trainer.observe.metrics import device_label
 
   logging.set_verbosity(logging.WARNING)
   devices = jax.devices()

@@ -22,7 +22,7 @@ Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8
 """
 
 from configs import base
-from trainer import configuration
+from trainer.config import assemble
 
 
 def get_config(arg=None):
@@ -60,4 +60,4 @@ def get_config(arg=None):
   c.checkpoint.keep_every = 5_000
   c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.step_timeout_s = 600.0
-  return configuration.apply_args(c, arg)
+  return assemble.apply_args(c, arg)

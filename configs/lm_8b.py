@@ -22,7 +22,7 @@ Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8
 """
 
 from configs import lm_1b
-from trainer import configuration
+from trainer.config import assemble
 
 
 def get_config(arg=None):
@@ -41,4 +41,4 @@ def get_config(arg=None):
   c.watchdog.restore_timeout_s = 1_800.0
   c.watchdog.compile_timeout_s = 1_800.0
   c.watchdog.step_timeout_s = 900.0
-  return configuration.apply_args(c, arg)
+  return assemble.apply_args(c, arg)

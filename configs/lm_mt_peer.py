@@ -14,7 +14,7 @@ Arguments: `:tiny` shrinks it to a 2-step pulse (`--config=configs/lm_mt_peer.py
 """
 
 from configs import base
-from trainer import configuration
+from trainer.config import assemble
 
 
 def get_config(arg=None):
@@ -37,4 +37,4 @@ def get_config(arg=None):
   c.model.num_kv_heads = 4
   c.model.mlp_dim = 512
   c.model.compute_dtype = "bfloat16"
-  return configuration.apply_args(c, arg)
+  return assemble.apply_args(c, arg)

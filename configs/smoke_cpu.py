@@ -7,11 +7,11 @@ Expect: about 2 minutes on 2 cores. A tiny Llama-style decoder learns a seeded o
 chain; the final train loss ends within 0.15 nats of the chain's entropy rate, which the run prints
 as the floor. Logical CPU devices say nothing about interconnect speed.
 Arguments: `:tiny` shrinks it to a 2-step pulse (a 1-layer model, 16 tokens per example); short
-arguments combine, e.g. `--config=configs/smoke_cpu.py:tiny,fsdp=8` (see trainer/configuration.py).
+arguments combine, e.g. `--config=configs/smoke_cpu.py:tiny,fsdp=8` (see trainer/config/assemble.py).
 """
 
 from configs import base
-from trainer import configuration
+from trainer.config import assemble
 
 
 def get_config(arg=None):
@@ -29,4 +29,4 @@ def get_config(arg=None):
   c.mesh.fsdp = 2
   c.mesh.tensor = 2
   c.checkpoint.every = 100
-  return configuration.apply_args(c, arg)
+  return assemble.apply_args(c, arg)

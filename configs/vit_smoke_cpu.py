@@ -8,11 +8,11 @@ Expect: about 2 minutes on 2 cores (2m19s measured); the closing line's eval_acc
 Dropout 0.1 is on; --mode=verify passes with it, since each example draws its own bits.
 Logical CPU devices say nothing about interconnect speed.
 Arguments: `:tiny` shrinks it to a 2-step pulse (8x8 images, a 1-layer model); short arguments
-combine, e.g. `--config=configs/vit_smoke_cpu.py:tiny,fsdp=8` (see trainer/configuration.py).
+combine, e.g. `--config=configs/vit_smoke_cpu.py:tiny,fsdp=8` (see trainer/config/assemble.py).
 """
 
 from configs import base
-from trainer import configuration
+from trainer.config import assemble
 
 
 def get_config(arg=None):
@@ -28,4 +28,4 @@ def get_config(arg=None):
   c.optimizer.learning_rate = 3e-3
   c.optimizer.warmup_steps = 50
   c.checkpoint.every = 250
-  return configuration.apply_args(c, arg)
+  return assemble.apply_args(c, arg)

@@ -4,6 +4,19 @@ An experiment is a module `experiments/NAME.py` (or a folder `experiments/NAME/`
 that binds a model, data and a loss. `trainer/` knows it only through the names below; nothing in
 `trainer/` is specific to one experiment. `python -m experiments.new MINE --from=lm|vit` copies one.
 
+Its keys live beside it, in `experiments/NAME_keys.py`, which imports no JAX (config files load it
+without the model):
+  KEYS: dict[str, trainer.config.keys.Key]
+      The experiment's own keys (typically `model.*` and `data.*`), each declared once: default, rule
+      (trainer/config/rules.py has whole, real, one_of, ...), resume class (keys.DATA for data keys:
+      the data fingerprint decides; keys.MODEL, keys.changes(...), keys.refused(...), keys.FREE) and a
+      one-line meaning. `configs/base.py`'s `get_config(NAME)` adds them to the trainer's keys before
+      the config is locked, so they are checked like every other key; redefining a trainer key is an
+      error. tests/test_config_checks.py walks every key with wrong values.
+  TINY: dict[str, object]
+      Overrides (dotted keys) that shrink the experiment to a pulse on 8 logical CPU devices: what a
+      config's `:tiny` argument applies on top of the trainer's own shrinking.
+
 What the module provides:
   UNIT: str
       What the loss's count counts ("tokens", "images"): metrics are named `valid_{UNIT}` and
@@ -12,20 +25,9 @@ What the module provides:
       Every logical axis name its model uses beyond the trainer's own (`batch`, `embed`, `mlp`,
       `heads`, `kv`, `norm`, `act_seq`, `act_embed`, `act_mlp`, `act_heads`, `act_kv`; see
       trainer/sharding.py), mapped to the trainer name it is sharded like, or None (replicated).
-  default_config() -> ml_collections.ConfigDict
-      The experiment's own keys (typically `model.*` and `data.*`), each with a one-line comment.
-      `configs/base.py`'s `get_config(NAME)` merges them into the trainer's keys before the config is
-      locked, so they are checked like every other key; redefining a trainer key is an error.
-  CONFIG_RULES: dict[str, rule]
-      One rule per key of default_config() (trainer/config_checks.py has whole, real, one_of, ...):
-      its type, range or allowed values. tests/test_config_checks.py walks every key with wrong values.
   check_config(config) -> None
-      Raises errors.UserError for impossible values of the experiment's keys (one line, naming the
-      key and what is allowed), before anything is compiled: config_checks.check_rules(config,
-      CONFIG_RULES), then what depends on several keys.
-  TINY: dict[str, object]
-      Overrides (dotted keys) that shrink the experiment to a pulse on 8 logical CPU devices: what a
-      config's `:tiny` argument applies on top of the trainer's own shrinking.
+      Raises errors.UserError for values of the experiment's keys that do not go together (one line,
+      naming the keys), before anything is compiled. Each key's own rule is checked before it.
   build_model(config, rngs: nnx.Rngs) -> nnx.Module
       Parameters carry logical axis names (`nnx.Param(..., out_sharding=("embed", "mlp"))`).
   data_sources(config) -> data.sources.DataSources
@@ -71,9 +73,6 @@ from errors import UserError
 CONTRACT = (
   "UNIT",
   "LOGICAL_AXES",
-  "TINY",
-  "default_config",
-  "CONFIG_RULES",
   "check_config",
   "build_model",
   "data_sources",
@@ -104,9 +103,31 @@ def available() -> list[str]:
   for entry in sorted(os.listdir(_HERE)):
     stem = entry[:-3] if entry.endswith(".py") else entry
     is_module = entry.endswith(".py") or os.path.isfile(os.path.join(_HERE, entry, "__init__.py"))
-    if is_module and not stem.startswith("_") and stem != "new":
+    if is_module and not stem.startswith("_") and stem != "new" and not stem.endswith("_keys"):
       names.append(stem)
   return names
+
+
+def load_keys(name: str) -> ModuleType:
+  """experiments/NAME_keys.py: the experiment's KEYS and TINY, without importing the experiment."""
+  name = module_name(name)
+  try:
+    module = importlib.import_module(f"experiments.{name}_keys")
+  except ModuleNotFoundError as e:
+    if e.name not in (f"experiments.{name}_keys", f"experiments.{name}"):
+      raise
+    if not any(os.path.exists(os.path.join(_HERE, n)) for n in (f"{name}.py", f"{name}/__init__.py")):
+      raise UserError(
+        f"experiment={name!r}: no experiments/{name}.py (available: {', '.join(available())})"
+      ) from None
+    raise UserError(
+      f"experiments/{name}_keys.py is missing: an experiment's keys live there (KEYS and TINY, see "
+      "experiments/__init__.py)"
+    ) from None
+  missing = [n for n in ("KEYS", "TINY") if not hasattr(module, n)]
+  if missing:
+    raise UserError(f"experiments/{name}_keys.py lacks {', '.join(missing)} (see experiments/__init__.py)")
+  return module
 
 
 def load(name: str) -> ModuleType:

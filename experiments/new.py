@@ -2,8 +2,9 @@
 
   python -m experiments.new NAME --from=lm|vit [--config=configs/START.py]
 
-writes experiments/NAME.py (a copy of experiments/FROM.py, or of the folder experiments/FROM/) and
-configs/NAME.py (a copy of FROM's smoke config, pointed at NAME), then prints what to run next.
+writes experiments/NAME.py (a copy of experiments/FROM.py, or of the folder experiments/FROM/), its keys
+experiments/NAME_keys.py (a copy of FROM's) and configs/NAME.py (a copy of FROM's smoke config, pointed
+at NAME), then prints what to run next.
 Nothing else changes: the trainer and the other experiments are left as they are.
 """
 
@@ -31,7 +32,11 @@ def fork(name: str, source: str, config: str | None = None, repo: str = REPO) ->
   if not os.path.isfile(os.path.join(repo, config)):
     raise ValueError(f"no start config {config} for --from={source}: pass --config=configs/START.py")
   new_config = f"configs/{name}.py"
-  targets = [f"experiments/{name}.py" if os.path.isfile(module) else f"experiments/{name}/", new_config]
+  keys_file = os.path.join(exp_dir, f"{source}_keys.py")
+  if not os.path.isfile(keys_file):
+    raise ValueError(f"--from={source}: no experiments/{source}_keys.py (the experiment's keys)")
+  own = f"experiments/{name}.py" if os.path.isfile(module) else f"experiments/{name}/"
+  targets = [own, f"experiments/{name}_keys.py", new_config]
   for target in targets:
     if os.path.exists(os.path.join(repo, target)):
       raise ValueError(f"{target} exists already: choose another NAME")
@@ -51,6 +56,10 @@ def fork(name: str, source: str, config: str | None = None, repo: str = REPO) ->
     shutil.copyfile(module, os.path.join(repo, targets[0]))
   else:
     shutil.copytree(folder, os.path.join(repo, targets[0]), ignore=shutil.ignore_patterns("__pycache__"))
+  with open(keys_file) as f:
+    keys_text = f.read().replace(f"experiments/{source}.py", own)
+  with open(os.path.join(repo, targets[1]), "w") as f:
+    f.write(keys_text)
   with open(os.path.join(repo, new_config), "w") as f:
     f.write(text)
   return targets
@@ -67,9 +76,9 @@ def main(argv=None) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  config = paths[1]
+  config = paths[-1]
   run = f".venv/bin/python main.py --cpu_devices=8 --config={config}"
-  print(f"wrote {' and '.join(paths)}. Next:")
+  print(f"wrote {', '.join(paths)}. Next:")
   print(f"  {run}:tiny --workdir=runs/{args.name}_pulse                # 2 steps")
   print(f"  {run}:tiny --workdir=runs/{args.name}_verify --mode=verify # the objective")
   print(f"  {run} --workdir=runs/{args.name}")

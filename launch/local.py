@@ -54,10 +54,10 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), REPO]  # Its neighbo
 from process_output import LinePump, log  # noqa: E402
 from restart_policy import NEVER_RESTART, cause, newest_checkpoint, past_startup  # noqa: E402
 
-# Short jax.distributed timeouts (seconds), read by trainer/runtime.py: on one machine every process
+# Short jax.distributed timeouts (seconds), read by trainer/cluster/runtime.py: on one machine every process
 # starts within seconds and finishes within seconds of the others, so a peer that never connects or
 # never reaches the exit barrier should end the job in seconds, not minutes. One that goes silent is
-# named by trainer/liveness.py within watchdog.peer_timeout_s (at most half the heartbeat's 60 s).
+# named by trainer/cluster/liveness.py within watchdog.peer_timeout_s (at most half the heartbeat's 60 s).
 CHILD_ENV_DEFAULTS = {
   "JAX_INIT_TIMEOUT_S": "60",
   "JAX_HEARTBEAT_TIMEOUT_S": "60",

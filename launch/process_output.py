@@ -19,7 +19,7 @@ CHATTER = (
   ),
   re.compile(rb"\s*\d+\s*"),
   # JAX's C++ preemption notifier: "SIGTERM caught at TIME" on every process, after a SIGINT as well
-  # (trainer/preemption.py turns SIGINT into SIGTERM, the only way to reach JAX's preemption service).
+  # (trainer/cluster/preemption.py turns SIGINT into SIGTERM, the only way to reach JAX's preemption service).
   # It cannot be silenced at its source without TF_CPP_MIN_LOG_LEVEL, which would hide every C++
   # warning; the run's own line, `preempted (SIGINT): saved checkpoint N`, names the signal sent.
   re.compile(rb"[IW]\d{4} [\d:.]+ +\d+ preemption_notifier\.cc:\d+\] .*"),

@@ -13,7 +13,6 @@ launch/slurm/train.sbatch and the rendered Kubernetes JobSet follow the same cod
   other    a crash, a lost peer, a kill                restart
 """
 
-import os
 import signal
 
 from trainer import rundir
@@ -41,7 +40,7 @@ def past_startup(workdir: str | None, process: int, since: float) -> bool:
   """Whether `process` got past start-up after `since` (time.time()): main.py writes a `start` row to
   WORKDIR/processes/process_I.jsonl once it has built, restored and compiled."""
   try:
-    rows = rundir.read_jsonl(os.path.join(workdir, "processes", f"process_{process}.jsonl"))
+    rows = rundir.read_jsonl(rundir.process_log(workdir, process))
   except (OSError, TypeError):
     return False
   return any(row.get("event") == "start" and row.get("time", 0) > since for row in rows)

@@ -29,7 +29,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from data import pipeline  # noqa: E402
-from trainer import checkpointing, components, evaluate, train  # noqa: E402
+from trainer import components, evaluate, loop  # noqa: E402
+from trainer.checkpoint import store  # noqa: E402
 
 PAUSES, GONE = {}, set()
 for item in sys.argv.pop(next(i for i, a in enumerate(sys.argv) if i and not a.startswith("--"))).split(","):
@@ -58,7 +59,7 @@ def pause(where: str, n: int | None = None) -> None:
     time.sleep(seconds)
 
 
-_handlers = checkpointing.Checkpoints.item_handlers
+_handlers = store.Checkpoints.item_handlers
 
 
 def _paused_handlers() -> dict:
@@ -85,11 +86,11 @@ def _wrap(module, name, before):
   setattr(module, name, wrapped)
 
 
-checkpointing.Checkpoints.item_handlers = staticmethod(_paused_handlers)
+store.Checkpoints.item_handlers = staticmethod(_paused_handlers)
 _wrap(components, "build", lambda *a: _startup())
-_wrap(train, "evaluate", lambda *a: pause("eval"))
+_wrap(loop, "evaluate", lambda *a: pause("eval"))  # The loop's evaluations.
 _wrap(evaluate, "evaluate", lambda *a: pause("eval"))  # --mode=eval's.
-_wrap(checkpointing.Checkpoints, "restore_latest", lambda *a: pause("restore"))
+_wrap(store.Checkpoints, "restore_latest", lambda *a: pause("restore"))
 _next = pipeline.DevicePrefetch.__next__
 
 

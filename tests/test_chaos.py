@@ -152,7 +152,7 @@ def test_ten_random_kills_and_a_lost_host_leave_the_trajectory_of_an_uninterrupt
   for s in range(shrunk + 1, STEPS + 1):
     assert abs(a[s] - b[s]) <= 1e-5 * abs(b[s]), (s, a[s], b[s])
 
-  from trainer import export
+  from trainer.modes import export
 
   steps = sorted(int(n) for n in os.listdir(workdir / "checkpoints"))
   assert steps and all(n.isdigit() for n in os.listdir(workdir / "checkpoints"))  # No partial save left.

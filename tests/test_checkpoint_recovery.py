@@ -202,15 +202,15 @@ def test_a_restore_that_fails_but_is_not_damage_stops_and_touches_nothing(
   small for the state (said before reading): one error naming the checkpoint and what to change, a
   restartable or resources exit code, no checkpoint set aside, no history truncated; the rerun
   without the fault continues bit for bit."""
-  from trainer import checkpoint_proof
+  from trainer.checkpoint import proof
 
   workdir = str(tmp_path)
   train(_cfg(), workdir, stop_after=6)
-  assert checkpoint_proof.verify(os.path.join(workdir, "checkpoints", "6")) is True  # Proven whole.
+  assert proof.verify(os.path.join(workdir, "checkpoints", "6")) is True  # Proven whole.
   before, metrics = _listing(workdir), open(os.path.join(workdir, "metrics.jsonl")).read()
   with monkeypatch.context() as m:
     inject(m)
-    with pytest.raises(checkpoint_proof.RestoreFailed) as e:
+    with pytest.raises(proof.RestoreFailed) as e:
       train(_cfg(), workdir)
   assert e.value.exit_code == code and "checkpoint 6" in str(e.value) and words in str(e.value), e.value
   assert "\n" not in str(e.value) and ("checksums match" in str(e.value) or "not restored" in str(e.value))
@@ -223,7 +223,7 @@ def test_a_restore_that_fails_but_is_not_damage_stops_and_touches_nothing(
 def test_cpu_devices_are_bounded_by_the_hosts_memory():
   """CPU devices report no memory of their own: the host's MemAvailable (or a cgroup's limit) bounds
   them, so a state larger than the machine is refused before it is read."""
-  from trainer import device_memory
+  from trainer.checkpoint import device_memory
 
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   available = device_memory.host_available_bytes()
@@ -239,7 +239,7 @@ def test_a_changed_byte_is_proven_damage_and_an_unproven_checkpoint_is_judged_by
 ):
   """One byte changed in an array file (same size: Orbax itself may read it without complaint): the
   checksums prove damage, the checkpoint is set aside and the run falls back, bitwise."""
-  from trainer import checkpoint_proof
+  from trainer.checkpoint import proof
 
   workdir = str(tmp_path)
   train(_cfg(), workdir, stop_after=6)
@@ -250,13 +250,13 @@ def test_a_changed_byte_is_proven_damage_and_an_unproven_checkpoint_is_judged_by
     first = f.read(1)
     f.seek(0)
     f.write(bytes([first[0] ^ 0xFF]))
-  assert "changed" in checkpoint_proof.verify(os.path.join(workdir, "checkpoints", "6"))
+  assert "changed" in proof.verify(os.path.join(workdir, "checkpoints", "6"))
   train(_cfg(), workdir)
   assert any(name.startswith("damaged-6-") for name in _listing(workdir))
   np.testing.assert_array_equal(_trajectory(workdir), straight)
 
   # Without checksums (written before they existed) a failure's kind decides: EIO is not damage.
-  from trainer import failures
+  from trainer.cluster import failures
 
   assert failures.failure_kind(OSError(5, "Input/output error")) == "environment"
   assert failures.failure_kind(ValueError("Error opening chunk: DATA_LOSS")) is None
@@ -268,15 +268,15 @@ def test_a_changed_byte_is_proven_damage_and_an_unproven_checkpoint_is_judged_by
 def test_checksums_are_written_in_shares_and_prove_only_when_every_share_landed(tmp_path):
   """Each of 3 processes records every 3rd file; all shares together prove the checkpoint whole on
   any number of readers, a missing share leaves it unproven (not damaged), a changed file is proof."""
-  from trainer import checkpoint_proof
+  from trainer.checkpoint import proof
 
   for i in range(7):
     (tmp_path / "state").mkdir(exist_ok=True)
     (tmp_path / "state" / f"f{i}").write_bytes(bytes([i]) * (100 + i))
   for i in range(3):
-    checkpoint_proof.write(str(tmp_path), (i, 3))
-  assert all(checkpoint_proof.verify(str(tmp_path), (i, 2)) is True for i in range(2))
+    proof.write(str(tmp_path), (i, 3))
+  assert all(proof.verify(str(tmp_path), (i, 2)) is True for i in range(2))
   (tmp_path / "state" / "f4").write_bytes(bytes([9]) * 104)
-  assert "state/f4 changed" in checkpoint_proof.verify(str(tmp_path))
+  assert "state/f4 changed" in proof.verify(str(tmp_path))
   os.remove(tmp_path / "checksums-1-of-3.json")
-  assert checkpoint_proof.verify(str(tmp_path)) is False
+  assert proof.verify(str(tmp_path)) is False

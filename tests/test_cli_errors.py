@@ -105,7 +105,7 @@ def test_a_full_disk_is_one_line_naming_the_space_and_restartable(tmp_path):
   finishes and matches a run that never hit the full disk."""
   import shutil as sh
 
-  from trainer import checkpoint_proof
+  from trainer.checkpoint import proof
 
   mount = tmp_path / "small"
   mount.mkdir()
@@ -138,7 +138,7 @@ def test_a_full_disk_is_one_line_naming_the_space_and_restartable(tmp_path):
     assert full.returncode == 3 and len(errors) == 1, full.stderr[-3000:]
     assert "no space left on the disk of" in errors[0] and "a checkpoint of this run takes" in errors[0]
     assert "Traceback" not in full.stderr
-    assert checkpoint_proof.verify(str(workdir / "checkpoints" / "2")) is True
+    assert proof.verify(str(workdir / "checkpoints" / "2")) is True
     assert (workdir / "metrics.jsonl").read_text().startswith(metrics)  # Nothing of the history lost.
     filler.unlink()
     assert run(workdir).returncode == 0 and run(reference).returncode == 0

@@ -11,7 +11,7 @@ import pytest
 from configs import base
 from errors import UserError
 from tests.conftest import REPO, train_losses
-from trainer import configuration
+from trainer.config import assemble
 from trainer.train import train
 
 CONFIGS = sorted(
@@ -26,7 +26,7 @@ def _load(path, arg=None):
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
 def test_every_config_has_a_pulse(path, tmp_path):
   cfg = _load(path, "tiny")
-  assert configuration.keys(cfg) == configuration.keys(base.get_config(cfg.experiment))
+  assert assemble.dotted_keys(cfg) == assemble.dotted_keys(base.get_config(cfg.experiment))
   doc = runpy.run_path(path)["__doc__"]
   assert doc.count("Recipe") == 1 and ":tiny" in doc  # The docstring is the recipe and says how to shrink.
   with pytest.raises(AttributeError):
@@ -50,16 +50,10 @@ def test_short_arguments_combine():
 
 
 def test_an_experiment_may_not_redefine_a_trainer_key(monkeypatch):
-  from experiments import lm
+  from experiments import lm_keys
+  from trainer.config import trainer_keys
 
-  real = lm.default_config
-
-  def clashing():
-    c = real()
-    c.data.prefetch = 9
-    return c
-
-  monkeypatch.setattr(lm, "default_config", clashing)
+  monkeypatch.setitem(lm_keys.KEYS, "data.prefetch", trainer_keys.KEYS["data.prefetch"])
   with pytest.raises(UserError, match="redefines data.prefetch"):
     base.get_config("lm")
 
@@ -77,7 +71,7 @@ def _one_config_per_experiment():
 def test_every_experiment_passes_verify(experiment, path, tmp_path):
   """--mode=verify on each experiment's tiny config, on its (2, 2, 2) mesh with 2 microbatches (the ViT
   with dropout on); tests/test_verify.py covers the (8, 1, 1) and (1, 8, 1) meshes."""
-  from trainer.verify import verify
+  from trainer.modes.verify import verify
 
   cfg = _load(path, "tiny")
   cfg.microbatches = 2

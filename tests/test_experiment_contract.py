@@ -22,10 +22,10 @@ LM_WORDS = re.compile(r"token|seq_len|vocab|\bpad\b|pad_id|\beos", re.IGNORECASE
 
 def test_the_trainer_knows_no_language_model_concept():
   hits = []
-  for path in glob.glob(os.path.join(REPO, "trainer", "*.py")):
+  for path in glob.glob(os.path.join(REPO, "trainer", "**", "*.py"), recursive=True):
     with open(path) as f:
       hits += [
-        f"{os.path.basename(path)}:{i}: {line.strip()}"
+        f"{os.path.relpath(path, REPO)}:{i}: {line.strip()}"
         for i, line in enumerate(f, 1)
         if LM_WORDS.search(line)
       ]

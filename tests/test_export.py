@@ -11,8 +11,8 @@ from errors import UserError
 from tests.conftest import tiny_config
 from trainer import components
 from trainer import state as state_lib
-from trainer.checkpointing import Checkpoints
-from trainer.export import load, main, named_tensors
+from trainer.checkpoint.store import Checkpoints
+from trainer.modes.export import load, main, named_tensors
 from trainer.train import train
 
 

@@ -3,7 +3,7 @@ truncated or altered file}, injected where the fault really arrives (Orbax's res
 background writer thread, the ArrayRecord reader, the kernel's /dev/full, the files themselves).
 
 Every cell ends as WORKSPACE.md's failure table says: the documented exit code and one line
-(trainer/failures.py, what main.py prints), no checkpoint renamed or deleted unless proven damaged, no
+(trainer/cluster/failures.py, what main.py prints), no checkpoint renamed or deleted unless proven damaged, no
 history of the kept steps lost, and a rerun without the fault continues bit for bit from the newest
 whole checkpoint. Cells tested elsewhere: restore x out of memory and EIO, and a state too large for
 the devices (tests/test_checkpoint_recovery.py), restore x an altered byte (the same file); metrics
@@ -24,7 +24,7 @@ import pytest
 
 from data import prepare
 from tests.conftest import tiny_config, train_losses
-from trainer import failures
+from trainer.cluster import failures
 from trainer.train import train
 
 STEPS = 8
@@ -62,9 +62,9 @@ def _orbax_restore_raises(fault):
 
 def _orbax_writer_raises(fault):
   """Orbax's background thread fails writing checkpoint 6 (its data item), as a failing disk would."""
-  from trainer import checkpointing
+  from trainer.checkpoint import store
 
-  handlers = checkpointing.Checkpoints.item_handlers
+  handlers = store.Checkpoints.item_handlers
 
   def failing():
     out = handlers()
@@ -78,7 +78,7 @@ def _orbax_writer_raises(fault):
     out["data"]._save_fn = fail_at_6
     return out
 
-  return lambda m, workdir: m.setattr(checkpointing.Checkpoints, "item_handlers", staticmethod(failing))
+  return lambda m, workdir: m.setattr(store.Checkpoints, "item_handlers", staticmethod(failing))
 
 
 def _reader_raises(fault):

@@ -47,7 +47,7 @@ def test_fork_trains_and_verifies_and_touches_nothing_else(tmp_path):
   assert result.returncode == 0, result.stderr
   assert "configs/mine.py:tiny" in result.stdout
   after = _files(copy)
-  assert set(after) - set(before) == {"experiments/mine.py", "configs/mine.py"}
+  assert set(after) - set(before) == {"experiments/mine.py", "experiments/mine_keys.py", "configs/mine.py"}
   assert {k: after[k] for k in before} == before  # The trainer and the other experiments are untouched.
   with open(copy / "configs" / "mine.py") as f:
     text = f.read()

@@ -8,8 +8,8 @@ import pytest
 
 from errors import UserError
 from tests.conftest import TINY_FLAGS, run_main, tiny_config
-from trainer.hlo_collectives import trip_multipliers
-from trainer.inspection import report
+from trainer.modes.inspect import report
+from trainer.observe.collectives import trip_multipliers
 
 
 def _cfg(mesh, strategy):
@@ -162,7 +162,7 @@ def test_inspect_imports_neither_grain_nor_orbax():
 
   from tests.conftest import REPO
 
-  code = "import sys, trainer.inspection; print(sorted({'grain', 'orbax.checkpoint'} & set(sys.modules)))"
+  code = "import sys, trainer.modes.inspect; print(sorted({'grain', 'orbax.checkpoint'} & set(sys.modules)))"
   r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
   assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
@@ -170,7 +170,7 @@ def test_inspect_imports_neither_grain_nor_orbax():
 def test_remat_and_a_chunked_loss_lower_the_compiled_steps_memory():
   """Switches that only trade memory for compute must show in the compiled step (the reference tests
   in test_objective.py show they keep the objective; a no-op would pass those)."""
-  from trainer.inspection import compile_train_step
+  from trainer.modes.inspect import compile_train_step
 
   def temp_bytes(**overrides):
     cfg = tiny_config(**{"model.vocab_size": 2048, "data.seq_len": 64, "model.num_layers": 2, **overrides})
@@ -182,7 +182,7 @@ def test_remat_and_a_chunked_loss_lower_the_compiled_steps_memory():
 
 
 def test_device_kinds_map_to_their_peak_and_memory():
-  from trainer import hardware
+  from trainer.observe import hardware
 
   names = {
     "NVIDIA H100 80GB HBM3": "NVIDIA H100 SXM",

@@ -1,6 +1,7 @@
 """launch/k8s/pathways_jobset.py (render.py --pathways): the Pathways-on-GKE JobSet against the vendored
-schemas, its env wiring and command, bad input, the CLI; and trainer/pathways.py. No cluster, no TPU, no
-network. The GPU manifest, the CLI and the schema validator: tests/test_k8s_render.py."""
+schemas, its env wiring and command, bad input, the CLI; and trainer/cluster/pathways.py.
+No cluster, no TPU, no network. The GPU manifest, the CLI and the schema validator:
+tests/test_k8s_render.py."""
 
 import sys
 import types
@@ -13,7 +14,7 @@ from errors import UserError
 from launch.k8s import render as k8s
 from launch.k8s import schema
 from tests.test_k8s_render import BASE, CLI, _by_kind, _container, _env, _job
-from trainer import pathways
+from trainer.cluster import pathways
 
 PATHWAYS = dict(BASE, pathways=True, gcs_scratch="gs://bucket/pathways", tpu="v5e", topology="4x4")
 
@@ -103,7 +104,7 @@ def test_cli_pathways(capsys):
   assert documents == k8s.render(**dict(PATHWAYS, tpu="v5p", topology="2x2x4"))
 
 
-# --- trainer/pathways.py
+# --- trainer/cluster/pathways.py
 
 
 def test_initialize_without_pathwaysutils_is_a_user_error(monkeypatch):

@@ -1,6 +1,7 @@
-"""launch/k8s/render.py: the GPU JobSet manifest against vendored schemas, its wiring into trainer/runtime.py,
-bad input, the CLI, and the schema validator itself. No cluster, no network. The Pathways variant and
-trainer/pathways.py: tests/test_k8s_pathways.py, which shares BASE, CLI and the helpers below."""
+"""launch/k8s/render.py: the GPU JobSet manifest against vendored schemas, its wiring into
+trainer/cluster/runtime.py, bad input, the CLI, and the schema validator itself. No cluster, no network.
+The Pathways variant and trainer/cluster/pathways.py: tests/test_k8s_pathways.py,
+which shares BASE, CLI and the helpers below."""
 
 import copy
 import json
@@ -14,7 +15,7 @@ from launch import gpu_flags
 from launch.k8s import render as k8s
 from launch.k8s import schema
 from tests.conftest import REPO
-from trainer import runtime
+from trainer.cluster import runtime
 
 BASE = dict(
   image="registry.example/jax-template:1",

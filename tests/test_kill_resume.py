@@ -147,7 +147,7 @@ def test_sigkill_in_the_final_save_resumes_exactly(tmp_path, straight):
   assert split["lost_to_restarts"] > 0 and split["productive_steps"] == 0, split
   assert abs(split["unaccounted_s"]) <= 0.02 * split["wall_s"], split
   # The plots of a resumed run (its restart marked).
-  from trainer import report
+  from trainer.observe import report
 
   written = report.main([f"--workdir={workdir}"])
   assert sorted(os.path.basename(p) for p in written) == [

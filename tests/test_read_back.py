@@ -11,7 +11,9 @@ from data import arrayrecord, prepare
 from errors import UserError
 from launch import restart_policy
 from tests.conftest import REPO, run_main
-from trainer import checkpointing, metrics, rundir
+from trainer import rundir
+from trainer.checkpoint import store
+from trainer.observe import metrics
 
 
 def _prepared(tmp_path):
@@ -62,11 +64,11 @@ def test_every_part_of_metadata_the_reader_uses_is_checked(tmp_path, edit, named
 
 
 def test_a_data_position_missing_a_key_names_it():
-  saved = {"version": checkpointing.DATA_POSITION_VERSION, "step": 4, "next_batch": 4, "num_records": 9}
+  saved = {"version": store.DATA_POSITION_VERSION, "step": 4, "next_batch": 4, "num_records": 9}
   with pytest.raises(UserError, match="checkpoint 4's data position has no 'batch_offset'"):
-    checkpointing.check_data_position(saved, 4, comp=None, allow_changed_data=False)
+    store.check_data_position(saved, 4, comp=None, allow_changed_data=False)
   with pytest.raises(UserError, match="has no 'version'"):
-    checkpointing.check_data_position({}, 4, comp=None, allow_changed_data=False)
+    store.check_data_position({}, 4, comp=None, allow_changed_data=False)
 
 
 def test_torn_or_foreign_rows_are_skipped_where_a_kill_can_leave_them(tmp_path):
@@ -90,7 +92,7 @@ def test_the_report_names_a_row_without_its_step_in_one_line(tmp_path):
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"loss": 1.5}\n')
   (tmp_path / "summary.json").write_text("[]")  # Not an object: read as no summary.
   result = subprocess.run(
-    [sys.executable, "-m", "trainer.report", f"--workdir={tmp_path}"],
+    [sys.executable, "-m", "trainer.observe.report", f"--workdir={tmp_path}"],
     cwd=REPO,
     capture_output=True,
     text=True,

@@ -7,7 +7,7 @@ import re
 import jax
 
 from tests.conftest import tiny_config, train_losses
-from trainer import metrics
+from trainer.observe import metrics
 from trainer.train import train
 
 
@@ -118,11 +118,13 @@ def test_the_resume_policy_judges_every_kind_of_key():
   import pytest
 
   from errors import UserError
-  from trainer import resume_policy
+  from trainer.config import assemble, resume
+
+  declared = assemble.declared("lm")
 
   saved = {"seed": 0, "steps": 4, "mesh": {"data": 2}, "data": {"path": "a"}, "optimizer": {"b1": 0.9}}
   now = {"seed": 0, "steps": 4, "mesh": {"data": 4}, "data": {"path": "b"}, "optimizer": {"b1": 0.8}}
-  (warning,) = resume_policy.check(saved, now, 2, "")  # mesh: free; data: the fingerprint decides.
+  (warning,) = resume.check(saved, now, 2, "", declared)  # mesh: free; data: the fingerprint decides.
   assert warning.startswith("warning: optimizer.b1 changed 0.9 -> 0.8 since checkpoint 2")
   with pytest.raises(UserError, match="experiment changed 'lm' -> 'vit'"):
-    resume_policy.check({"experiment": "lm"}, {"experiment": "vit"}, 2, "seed")
+    resume.check({"experiment": "lm"}, {"experiment": "vit"}, 2, "seed", declared)

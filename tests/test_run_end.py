@@ -16,7 +16,8 @@ import time
 import pytest
 
 from tests.conftest import read_jsonl, tiny_config
-from trainer import metrics, train
+from trainer import loop, train
+from trainer.observe import metrics
 
 STEPS = 4
 VOLATILE = (
@@ -66,7 +67,7 @@ def test_a_kill_after_the_final_checkpoint_is_finished_by_the_rerun(tmp_path, mo
   workdir = str(tmp_path)
   with monkeypatch.context() as m:
     if phase == "final evaluation":
-      _kill_on(m, train, "evaluate")
+      _kill_on(m, loop, "evaluate")
     else:  # After the eval row is written, before summary.json.
       _kill_on(m, train.MetricsLog, "close")
     with pytest.raises(Killed):
@@ -86,7 +87,7 @@ def test_a_kill_after_the_final_checkpoint_is_finished_by_the_rerun(tmp_path, mo
 
 def _signal_during_evaluation(monkeypatch, signum, which):
   calls = []
-  real = train.evaluate
+  real = loop.evaluate
 
   def evaluate(*args):
     calls.append(1)
@@ -94,7 +95,7 @@ def _signal_during_evaluation(monkeypatch, signum, which):
       os.kill(os.getpid(), signum)  # Our handler notes it; the evaluation goes on.
     return real(*args)
 
-  monkeypatch.setattr(train, "evaluate", evaluate)
+  monkeypatch.setattr(loop, "evaluate", evaluate)
 
 
 def test_a_signal_during_the_final_evaluation_finishes_the_run(tmp_path, monkeypatch, straight, capsys):
@@ -118,8 +119,8 @@ def test_a_signal_during_an_evaluation_saves_at_the_next_step(tmp_path, monkeypa
 
 
 def test_rows_count_whole_windows_and_throughput_excludes_evaluation(tmp_path, monkeypatch):
-  real = train.evaluate
-  monkeypatch.setattr(train, "evaluate", lambda *a: (time.sleep(1.0), real(*a))[1])
+  real = loop.evaluate
+  monkeypatch.setattr(loop, "evaluate", lambda *a: (time.sleep(1.0), real(*a))[1])
   config = tiny_config(steps=6, log_every=3, eval_every=3, **{"checkpoint.every": 3})
   summary = train.train(config, str(tmp_path))
   rows = [r for r in read_jsonl(os.path.join(tmp_path, "metrics.jsonl")) if "loss" in r]

@@ -10,8 +10,8 @@ from data import prepare, synthetic
 from model.sample import main as sample_main
 from model.sample import sampler
 from tests.conftest import tiny_config, train_losses
-from trainer.export import load, named_tensors
-from trainer.export import main as export_main
+from trainer.modes.export import load, named_tensors
+from trainer.modes.export import main as export_main
 from trainer.train import train
 
 WORDS = "the cat sat on a mat and the dog ran far away while birds sang".split()

@@ -224,5 +224,5 @@ def test_gpu_mode_environment(slurm, tmp_path, tasks_per_node, cuda_visible, dev
     if len(device_ids) > 1:
       assert got["JAX_NUM_PROCESSES"] == str(len(device_ids))
       assert re.fullmatch(r"127\.0\.0\.1:6\d{4}", got["JAX_COORDINATOR_ADDRESS"]), out
-    else:  # One process runs alone: trainer/runtime.py joins no job.
+    else:  # One process runs alone: trainer/cluster/runtime.py joins no job.
       assert "JAX_NUM_PROCESSES" not in got and "JAX_COORDINATOR_ADDRESS" not in got, out

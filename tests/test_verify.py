@@ -12,7 +12,7 @@ import pytest
 
 from experiments import lm
 from tests.conftest import run_main, tiny_config
-from trainer.verify import verify
+from trainer.modes.verify import verify
 
 PROPERTIES = ("additivity", "padding_inert", "one_division", "rows_separate", "device_count")
 

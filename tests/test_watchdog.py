@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, TINY_FLAGS, tiny_config
-from trainer import watchdog
+from trainer.cluster import watchdog
 from trainer.train import train
 
 NOW = 1000.0
@@ -64,7 +64,7 @@ def test_restore_has_its_own_budget_and_evaluation_mode_is_watched(tmp_path):
 
 
 def test_a_straggler_is_the_process_far_above_the_others_median():
-  from trainer import straggler
+  from trainer.observe import straggler
 
   w = lambda data, dispatch: {"step": 40, "data_s": data, "dispatch_s": dispatch}
   windows = {0: w(0.01, 0.02), 1: w(0.31, 0.33), 2: w(0.02, 0.03)}

@@ -14,10 +14,11 @@ from data import pipeline
 from data.pipeline import BatchPlan
 from data.sources import DataSources
 from errors import UserError
-from trainer import config_checks, configuration
 from trainer import mesh as mesh_lib
 from trainer import sharding as sharding_lib
 from trainer import state as state_lib
+from trainer.config import assemble
+from trainer.config import rules as config_rules
 from trainer.optimizer import make_optimizer
 
 
@@ -40,7 +41,7 @@ def load_experiment(config) -> ModuleType:
   """The config's experiment, whose own keys the config must have (base.get_config(NAME) adds them)."""
   module = experiments.load(config.experiment)
   name = experiments.module_name(config.experiment)
-  missing = sorted(configuration.keys(module.default_config()) - configuration.keys(config))
+  missing = sorted(set(experiments.load_keys(name).KEYS) - assemble.dotted_keys(config))
   if missing:
     more = " ..." if len(missing) > 4 else ""
     raise UserError(
@@ -52,8 +53,8 @@ def load_experiment(config) -> ModuleType:
 
 def build(config, devices=None, with_data: bool = True) -> Components:
   """`with_data=False`: no data sources or plans (for compiling from the experiment's example_batch)."""
-  config_checks.check(config)  # Every trainer key; the experiment checks its own below.
   experiment = load_experiment(config)
+  config_rules.check(config, assemble.declared(config.experiment))  # Every key against its rule.
   experiment.check_config(config)
   mesh = mesh_lib.make_mesh(config.mesh, devices)
   rules = sharding_lib.resolve_rules(config.sharding.strategy, config.sharding.rules, experiment.LOGICAL_AXES)

@@ -1,18 +1,18 @@
 """Held-out evaluation: in the training loop, and as --mode=eval on a run's newest checkpoint."""
 
 import json
-import os
 
 import jax
 import numpy as np
 
 from data import pipeline
 from errors import UserError
-from trainer import checkpointing, components
+from trainer import components, rundir
 from trainer import state as state_lib
-from trainer.metrics import console, device_label, eval_line
+from trainer.checkpoint import store
+from trainer.cluster.watchdog import Watchdog
+from trainer.observe.metrics import console, device_label, eval_line
 from trainer.step import make_eval_step
-from trainer.watchdog import Watchdog
 
 
 def evaluate(comp: components.Components, eval_step, params, config) -> dict:
@@ -39,14 +39,14 @@ def evaluate(comp: components.Components, eval_step, params, config) -> dict:
 def evaluate_checkpoint(config, workdir: str) -> dict:
   """Restores the newest checkpoint of `workdir` onto this mesh and evaluates it; writes eval.json."""
   # Before any Orbax manager exists: nothing is created in a workdir that was never trained.
-  if not checkpointing.has_checkpoints(workdir):
+  if not store.has_checkpoints(workdir):
     raise UserError(f"--mode=eval: {workdir}/checkpoints has no checkpoint; train first")
   w = config.watchdog
   watchdog = Watchdog(w, workdir)  # A wedged or lost peer must not hang a collective.
   try:
     comp = components.build(config)
     watchdog.beat("restore", 0, w.restore_timeout_s)
-    ckpt = checkpointing.Checkpoints(workdir, config.checkpoint.keep, config.checkpoint.keep_every)
+    ckpt = store.Checkpoints(workdir, config.checkpoint.keep, config.checkpoint.keep_every)
     restored = ckpt.restore_latest(
       state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx), set_aside=False
     )
@@ -64,6 +64,6 @@ def evaluate_checkpoint(config, workdir: str) -> dict:
   step = restored.step
   console(f"checkpoint {step}: {eval_line(row)} over {row['eval_examples']} held-out examples")
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "eval.json"), "w") as f:
+    with open(rundir.mode_output(workdir, "eval"), "w") as f:
       json.dump(row, f, indent=2)
   return row

@@ -9,13 +9,14 @@ MODES = ("train", "eval", "inspect", "verify")
 
 
 def run(config, workdir: str, mode: str, target_device: str | None = None) -> None:
-  from trainer import runtime
+  from trainer.cluster import runtime
 
   runtime.use_compilation_cache(config.compilation_cache, workdir)
   if mode == "train":
+    import trainer
     from trainer.train import train
 
-    summary = train(config, workdir)
+    summary = train(config, workdir, started=trainer.STARTED)  # Start-up counts the imports.
     # A scheduler that restarts failed jobs (launch/k8s sets this) would take a clean exit as "finished".
     code = os.environ.get("PREEMPTED_EXIT_CODE")
     if code and summary.get("preempted_by") and summary["final_step"] < config.steps:
@@ -25,11 +26,11 @@ def run(config, workdir: str, mode: str, target_device: str | None = None) -> No
 
     evaluate_checkpoint(config, workdir)
   elif mode == "inspect":
-    from trainer.inspection import inspect
+    from trainer.modes.inspect import inspect
 
     inspect(config, workdir, target_device)
   elif mode == "verify":
-    from trainer.verify import verify
+    from trainer.modes.verify import verify
 
     if not verify(config, workdir):
       sys.exit(1)  # The table above says which group and step failed.

@@ -1,4 +1,5 @@
-"""Reading back what a run wrote into its directory, without JAX (the launchers and reports use it).
+"""A run directory: every path in it, named once, and reading back what a run wrote there, without
+JAX (the launchers and reports use it). WORKSPACE.md's "What a run writes" lists them.
 
 Every file here can be torn by a kill mid-write or edited by hand: a reader gets the rows it can
 trust (errors.require_keys names what an incomplete one lacks).
@@ -8,6 +9,60 @@ import json
 import os
 
 from errors import require_keys
+
+
+def config(workdir: str) -> str:
+  return os.path.join(workdir, "config.json")  # The resolved config.
+
+
+def metrics(workdir: str) -> str:
+  return os.path.join(workdir, "metrics.jsonl")  # Process 0: one row per logged step and event.
+
+
+def summary(workdir: str) -> str:
+  return os.path.join(workdir, "summary.json")
+
+
+def processes(workdir: str) -> str:
+  return os.path.join(workdir, "processes")
+
+
+def process_log(workdir: str, process: int) -> str:
+  return os.path.join(processes(workdir), f"process_{process}.jsonl")
+
+
+def checkpoints(workdir: str) -> str:
+  return os.path.join(workdir, "checkpoints")
+
+
+def checkpoint(workdir: str, step: int) -> str:
+  return os.path.join(checkpoints(workdir), str(step))
+
+
+def tensorboard(workdir: str) -> str:
+  return os.path.join(workdir, "tensorboard")
+
+
+def profile(workdir: str, process: int) -> str:
+  return os.path.join(workdir, "profile", f"process_{process}")
+
+
+def crash_stacks(workdir: str, process: int) -> str:
+  return os.path.join(workdir, "crashes", f"process_{process}.txt")
+
+
+def compilation_cache(workdir: str) -> str:
+  return os.path.join(workdir, "compilation_cache")
+
+
+def mode_output(workdir: str, mode: str) -> str:
+  """inspect.json, verify.json, eval.json: what --mode=inspect, verify and eval write."""
+  return os.path.join(workdir, f"{mode}.json")
+
+
+def report(workdir: str) -> str:
+  return os.path.join(workdir, "report")  # The PNGs of `python -m trainer.observe.report`.
+
 
 # Every row the trainer writes has its step; one without was written by other code or by hand.
 _NOT_OURS = "the trainer did not write this row: remove it"
@@ -44,7 +99,7 @@ def read_json_object(path: str) -> dict | None:
 def newest_checkpoint(workdir: str | None) -> int | None:
   """The newest complete checkpoint step under WORKDIR/checkpoints (a partial save has a suffix)."""
   try:
-    steps = [int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
+    steps = [int(n) for n in os.listdir(checkpoints(workdir)) if n.isdigit()]
   except (OSError, TypeError):
     return None
   return max(steps, default=None)

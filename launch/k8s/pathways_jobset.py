@@ -119,7 +119,7 @@ def _pathways_objects(o: SimpleNamespace) -> list[dict]:
     o,
     [
       head_address(),
-      # The JAX client talks to the proxy; trainer/pathways.py and pathwaysutils key on "proxy".
+      # The JAX client talks to the proxy; trainer/cluster/pathways.py and pathwaysutils key on "proxy".
       _env("JAX_PLATFORMS", "proxy"),
       _env("JAX_BACKEND_TARGET", f"grpc://$(PATHWAYS_HEAD):{PATHWAYS_PROXY_PORT}"),
       _env("XCLOUD_ENVIRONMENT", "GCP"),  # UNVERIFIED: set by pathways-job for the client.

@@ -7,7 +7,7 @@
 GPU (the default): one JobSet with one replicated Job of `replicas` pods, one process each, with
 `gpus_per_replica` GPUs (`nvidia.com/gpu`) per pod. Pod I runs `python main.py --config=...
 --workdir=... ARGS...` with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID set, which
-trainer/runtime.py reads to join the job; process I is the pod's Job completion index. Process 0 is
+trainer/cluster/runtime.py reads to join the job; process I is the pod's Job completion index. Process 0 is
 pod `<name>-worker-0-0`, reachable as `<name>-worker-0-0.<name>:PORT` through the headless Service
 `<name>` (the JobSet's network subdomain). The workdir is a PersistentVolumeClaim mounted in every
 pod. Any failed pod fails the Job (backoffLimit 0; a lone restarted process cannot rejoin a running
@@ -85,7 +85,7 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
   container = _main_container(
     o,
     [
-      # trainer/runtime.py joins the job from these three (jax.distributed.initialize with them).
+      # trainer/cluster/runtime.py joins the job from these three (jax.distributed.initialize with them).
       _env("JAX_COORDINATOR_ADDRESS", coordinator),
       _env("JAX_NUM_PROCESSES", str(o.replicas)),
       _env("JAX_PROCESS_ID", field=COMPLETION_INDEX),

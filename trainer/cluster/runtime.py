@@ -7,6 +7,7 @@ import sys
 import jax
 
 from errors import UserError
+from trainer import rundir
 
 # Optional overrides of jax.distributed's timeouts (seconds). The local launcher sets short ones so a
 # job whose peer never comes up, or dies, ends in seconds rather than JAX's 300 s / 100 s defaults.
@@ -210,6 +211,6 @@ def use_compilation_cache(setting: str, workdir: str) -> str | None:
     return os.environ["JAX_COMPILATION_CACHE_DIR"]  # JAX has read it already; the environment wins.
   if setting == "off":
     return None
-  directory = os.path.abspath(setting or os.path.join(workdir, "compilation_cache"))
+  directory = os.path.abspath(setting or rundir.compilation_cache(workdir))
   jax.config.update("jax_compilation_cache_dir", directory)
   return directory

@@ -6,7 +6,7 @@ metadata. A restore first compares them: a file missing, resized or changed prov
 then is the checkpoint set aside. A checkpoint whose files all match is whole, so a failure to read
 it is the environment's (memory, I/O, permissions, time); it stops the run with one line and touches
 nothing. A checkpoint written before checksums existed, or killed before every process's share
-landed, is unproven: its read failures are judged by their kind (trainer/failures.py), damage where
+landed, is unproven: its read failures are judged by their kind (trainer/cluster/failures.py), damage where
 nothing says otherwise, as before.
 
 Cost: one read of the checkpoint's files per save, shared out among the processes, in a background

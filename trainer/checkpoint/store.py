@@ -18,11 +18,14 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from errors import UserError, require_keys
-from trainer import checkpoint_proof, device_memory, failures, multihost
+from trainer import rundir
+from trainer.checkpoint import device_memory
+from trainer.checkpoint import proof as proof_lib
+from trainer.cluster import failures, multihost
 from trainer.state import TrainState, path_keys
 
 DATA_POSITION_VERSION = 2
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def make_workdir(workdir: str) -> None:
@@ -40,7 +43,7 @@ def make_workdir(workdir: str) -> None:
 
 def has_checkpoints(workdir: str) -> bool:
   """Whether workdir/checkpoints holds a step directory (without creating anything)."""
-  directory = os.path.join(workdir, "checkpoints")
+  directory = rundir.checkpoints(workdir)
   return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
 
 
@@ -74,7 +77,7 @@ def check_data_position(saved: dict, step: int, comp, allow_changed_data: bool) 
   if saved["step"] != step or saved["next_batch"] != step + saved["batch_offset"]:
     raise UserError(f"checkpoint {step}: its data position {saved} does not belong to step {step}")
   now = data_position(step, saved["batch_offset"], comp)
-  # A changed seed or global batch size is judged by trainer/resume_policy.py, from the saved config.
+  # A changed seed or global batch size is judged by trainer/config/resume.py, from the saved config.
   changed = [k for k in ("num_records", "fingerprint") if saved[k] != now[k]]
   if changed and not allow_changed_data:
     detail = ", ".join(f"{k} {saved[k]} -> {now[k]}" for k in changed)
@@ -137,7 +140,7 @@ class Checkpoints:
       jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=replica_parallel), override=True
     )
     logging.set_verbosity(verbosity)
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.directory = rundir.checkpoints(os.path.abspath(workdir))
     options = ocp.CheckpointManagerOptions(
       max_to_keep=keep,
       keep_period=keep_every or None,  # Steps divisible by keep_every are never deleted.
@@ -167,7 +170,7 @@ class Checkpoints:
   ) -> Restored | None:
     """The newest checkpoint that restores, onto `target`'s shardings (any mesh or device count).
 
-    One proven damaged (trainer/checkpoint_proof.py), or unproven and failing as damage would, is
+    One proven damaged (trainer/checkpoint/proof.py), or unproven and failing as damage would, is
     reported, skipped and (with `set_aside`) moved aside; every process makes the same choice. A
     failure that is not damage (memory, I/O, permissions, time) raises RestoreFailed and touches no
     checkpoint, as does a state too large for this process's devices (`check_memory`). A model-shape
@@ -180,13 +183,13 @@ class Checkpoints:
     if steps and check_memory and not multihost.all_agree("state_fits", short is None, timeout_s=600):
       where = f"checkpoint {steps[0]} ({self.directory}/{steps[0]}) was not restored and was left as is"
       why = short or "it does not fit on another process's devices"
-      raise checkpoint_proof.RestoreFailed(f"{where}: {why}; {_LOWER_MEMORY}", failures.RESOURCES_EXIT)
+      raise proof_lib.RestoreFailed(f"{where}: {why}; {_LOWER_MEMORY}", failures.RESOURCES_EXIT)
     for step in steps:
       self._check_shapes(step, target)
       step_dir = os.path.join(self.directory, str(step))
       proof, error = False, None
       try:  # Each process reads its share of the files.
-        proof = checkpoint_proof.verify(step_dir, (jax.process_index(), jax.process_count()))
+        proof = proof_lib.verify(step_dir, (jax.process_index(), jax.process_count()))
       except OSError as e:
         error = e
       if not multihost.all_agree(f"proof_{step}", not isinstance(proof, str), timeout_s=600):
@@ -225,12 +228,12 @@ class Checkpoints:
     )
     if out_of_memory:
       per_device = max(device_memory.bytes_per_device(target).values(), default=0)
-      return checkpoint_proof.RestoreFailed(
+      return proof_lib.RestoreFailed(
         f"{where}: out of memory. The state needs {per_device / 2**30:.2f} GiB per device on "
         f"{jax.device_count()} devices; {_LOWER_MEMORY}",
         failures.RESOURCES_EXIT,
       )
-    return checkpoint_proof.RestoreFailed(
+    return proof_lib.RestoreFailed(
       f"{where}: fix what failed (I/O, permissions, a timeout, a peer) and run again",
       failures.TRANSIENT_EXIT,
     )
@@ -317,7 +320,7 @@ class Checkpoints:
   @staticmethod
   def _prove(step: int, step_dir: str, part: tuple[int, int]) -> None:
     try:
-      checkpoint_proof.write(step_dir, part)
+      proof_lib.write(step_dir, part)
     except OSError as e:  # A full disk, say: the checkpoint stays whole, only unproven.
       print(f"warning: checkpoint {step}: checksums not written ({e}); it stays unproven", flush=True)
 

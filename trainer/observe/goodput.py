@@ -1,31 +1,19 @@
 """Where a run's wall time went: summary.json's `goodput`, from process start to the summary.
 
-Each second the loop spends is measured in one category where it is spent (no category is the rest
-of another): start-up (imports, building, init, opening the data), restore, compile, productive steps,
-data wait (the loop waiting for its next batch), checkpoint blocking (the loop's share of saving: the
-rest is written in the background), evaluation, and steps trained again: `lost_to_restarts` (steps an
-earlier run of this workdir had trained already, known from the `batch` field of its metrics rows:
-up to log_every - 1 unlogged steps before a kill count as productive; process 0 knows, the others
-count none)
-and `lost_to_rollbacks` (steps a NaN rollback threw away); and profiling (starting, stopping and
-reading back the profile window's trace). `unaccounted` is the wall time minus their
-sum: a few hundredths at most, or a part of the loop nobody measures.
+Each second is booked once, by the clock (trainer/observe/clock.py), in the phase it is spent in, and
+each phase has its category (no category is the rest of another): start-up (imports, building, init,
+opening the data), restore, compile, productive steps, data wait (the loop waiting for its next
+batch), checkpoint blocking (the loop's share of saving: the rest is written in the background),
+evaluation, profiling (starting, stopping and reading back the profile window's trace), and steps
+trained again: `lost_to_restarts` (steps an earlier run of this workdir had trained already, known
+from the `batch` field of its metrics rows: up to log_every - 1 unlogged steps before a kill count
+as productive; process 0 knows, the others count none) and `lost_to_rollbacks` (steps a NaN rollback
+threw away). `unaccounted` is the wall time minus their sum: a few hundredths at most.
 """
 
 import time
 
-CATEGORIES = (
-  "startup",
-  "profiling",
-  "restore",
-  "compile",
-  "productive_steps",
-  "data_wait",
-  "checkpoint_blocking",
-  "evaluation",
-  "lost_to_restarts",
-  "lost_to_rollbacks",
-)
+from trainer.observe.clock import CATEGORIES
 
 
 class Ledger:

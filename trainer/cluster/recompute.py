@@ -1,7 +1,7 @@
 """Silent corruption where nothing is replicated: the step recomputed with its shards on other devices.
 
 Under pure FSDP each device holds its own shard of every leaf, so there is no copy to compare
-(trainer/replicas.py sees only replicated leaves). Every `checks.recompute_every` steps, and on every
+(trainer/cluster/replicas.py sees only replicated leaves). Every `checks.recompute_every` steps, and on every
 step that saves a checkpoint on schedule, the step runs a second time from a copy of the same state
 and batch, on a mesh of the same shape whose devices are rotated within each process: every shard is
 computed by another device of the same host. Both runs are the same program on the same logical
@@ -13,7 +13,7 @@ share of a reduction) makes the shards it held differ in the run where it held t
 device common to every difference. What it sees but cannot name: a wrong computation before the
 gradients are reduced (a device's forward or backward pass) reaches every shard. What it cannot see:
 state corrupted in memory before the copy (both runs start from it; the save-time checksums prove
-only that a checkpoint reads back as written, trainer/checkpoint_proof.py), and anything in a
+only that a checkpoint reads back as written, trainer/checkpoint/proof.py), and anything in a
 process with a single device (nothing to rotate: the check is off there, and says so).
 """
 
@@ -25,7 +25,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
-from trainer import replicas
+from trainer.cluster import replicas
 
 
 def rotated_mesh(mesh: Mesh) -> Mesh | None:

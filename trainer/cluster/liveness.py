@@ -22,7 +22,7 @@ import time
 
 import jax
 
-from trainer import multihost
+from trainer.cluster import multihost
 
 _PERIOD_S = 1.0
 
@@ -43,7 +43,7 @@ class Liveness:
     self._round_trips: list[float] = []  # Seconds of each round trip since round_trip_s() last ran.
     if self._client is None:
       return
-    from trainer import runtime
+    from trainer.cluster import runtime
 
     # Below JAX's heartbeat, which would abort first without naming anyone.
     self.timeout_s = min(peer_timeout_s, runtime.heartbeat_timeout_s() / 2)
@@ -91,7 +91,7 @@ class Liveness:
   def round_trip_s(self) -> float:
     """The mean round trip to the coordination service (on process 0's host) since the last call: a
     slow or congested link of this host shows here, as the trips that queue behind its collectives
-    (trainer/straggler.py compares them)."""
+    (trainer/observe/straggler.py compares them)."""
     with self._lock:
       trips, self._round_trips = self._round_trips, []
     return statistics.fmean(trips) if trips else 0.0

@@ -54,6 +54,4 @@ def line(r: dict) -> str:
 
 def history(workdir: str) -> list[dict]:
   """Every recovery row in WORKDIR/metrics.jsonl."""
-  return [
-    r for r in rundir.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r.get("event") == "recovery"
-  ]
+  return [r for r in rundir.read_jsonl(rundir.metrics(workdir)) if r.get("event") == "recovery"]

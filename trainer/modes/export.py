@@ -2,14 +2,14 @@
 
 In a notebook, on whatever devices are present (one CPU is enough):
 
-  from trainer.export import load
+  from trainer.modes.export import load
   run = load("runs/smoke")            # The newest checkpoint; step=N for another.
   run.params["layers"]["attn"]["wq"]  # Plain numpy arrays, nested as the model names them.
   run.config.model.embed_dim          # The config the run was trained with.
 
 From the shell:
 
-  python -m trainer.export --workdir=runs/smoke [--step=N] --out=smoke.safetensors
+  python -m trainer.modes.export --workdir=runs/smoke [--step=N] --out=smoke.safetensors
 
 writes every parameter under its tree path ('blocks/0/attn/wq') with the config and step as the file's
 metadata; `safetensors.numpy.load_file` reads it back. A checkpoint saved on any mesh or device count
@@ -31,8 +31,10 @@ from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from errors import UserError
-from trainer import checkpointing, components, configuration
+from trainer import components, rundir
 from trainer import state as state_lib
+from trainer.checkpoint import store
+from trainer.config import assemble
 from trainer.optimizer import make_optimizer
 
 
@@ -55,7 +57,7 @@ def _config_from_json(saved: dict) -> ml_collections.ConfigDict:
       if isinstance(value, dict):
         put(f"{prefix}{key}.", value)
       else:
-        configuration.set_key(config, prefix + key, tuple(value) if isinstance(value, list) else value)
+        assemble.set_key(config, prefix + key, tuple(value) if isinstance(value, list) else value)
 
   put("", saved)
   config.lock()
@@ -65,10 +67,10 @@ def _config_from_json(saved: dict) -> ml_collections.ConfigDict:
 def load(workdir: str, step: int | None = None, with_optimizer: bool = False) -> Loaded:
   """The params (and optionally the optimizer state) of checkpoint `step` (None: the newest) of the
   run in `workdir`, as numpy arrays, with its config."""
-  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-  if not checkpointing.has_checkpoints(workdir):
+  directory = rundir.checkpoints(os.path.abspath(workdir))
+  if not store.has_checkpoints(workdir):
     raise UserError(f"{workdir} has no checkpoints/STEP directory: train there first")
-  handlers = checkpointing.Checkpoints.item_handlers()
+  handlers = store.Checkpoints.item_handlers()
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.ERROR)  # Orbax warns that a read-only manager will not save.
   try:

@@ -4,7 +4,7 @@ The loop says where it is (`beat(phase, step)`); a thread checks the deadline. P
 prints what every process was doing and the likely straggler, writes every Python thread's stack
 (faulthandler) to WORKDIR/crashes/process_I.txt, prints which process is stuck at which step and
 phase, and exits 3; the launcher or scheduler then ends the rest. The same thread ends the process
-when a peer stops answering (trainer/liveness.py), whatever the phase's budget.
+when a peer stops answering (trainer/cluster/liveness.py), whatever the phase's budget.
 
 Each process publishes its main thread's progress (phase, step, and when it entered them), not only
 that its watchdog thread is alive: a main thread blocked in a read that releases the GIL leaves the
@@ -21,21 +21,22 @@ import time
 
 import jax
 
-from trainer import liveness
+from trainer import rundir
+from trainer.cluster import liveness
+from trainer.observe.clock import PHASES
 
 EXIT_CODE = 3
+_PHASE_ORDER = {name: i for i, name in enumerate(PHASES)}  # At the same step, earlier is behind.
 _REPORT_EVERY_S = 1.0
-# A step's phases in the order the loop enters them: at the same step, an earlier phase is behind.
-PHASES = ("startup", "restore", "compile", "data", "step", "checkpoint", "eval", "finish")
 
 
 class Watchdog:
   def __init__(self, watchdog_config, workdir: str | None = None):
     w = watchdog_config
     self.step_timeout_s = w.step_timeout_s
-    self._crash_dir = os.path.join(workdir, "crashes") if workdir else None
+    self._workdir = workdir
     self._lock = threading.Lock()
-    self._window = None  # The last logging window's per-step figures (trainer/straggler.py).
+    self._window = None  # The last logging window's per-step figures (trainer/observe/straggler.py).
     self._set("startup", 0, w.startup_timeout_s)
     self._peers = liveness.Liveness(w.peer_timeout_s, w.startup_timeout_s)
     self._stop = threading.Event()
@@ -116,8 +117,8 @@ class Watchdog:
 
   def _dump_stacks(self) -> str | None:
     try:
-      os.makedirs(self._crash_dir, exist_ok=True)
-      path = os.path.join(self._crash_dir, f"process_{jax.process_index()}.txt")
+      path = rundir.crash_stacks(self._workdir, jax.process_index())
+      os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, "a") as f:
         f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         f.flush()
@@ -146,9 +147,7 @@ def peer_lines(reports: dict[int, dict | None], me: int, mine: dict, now: float)
     suspect = max(silent, key=silent.get)
     return [*lines, f"watchdog: suspect process {suspect}: it stopped reporting (stopped, wedged or dead)"]
   everyone = {me: mine, **{p: r for p, r in reports.items() if r is not None}}
-  progress = {
-    p: (r["step"], PHASES.index(r["phase"]) if r["phase"] in PHASES else 0) for p, r in everyone.items()
-  }
+  progress = {p: (r["step"], _PHASE_ORDER.get(r["phase"], 0)) for p, r in everyone.items()}
   behind = min(progress, key=progress.get)
   ahead = [p for p in everyone if progress[p] > progress[behind]]
   if len(ahead) == len(everyone) - 1 and ahead:  # One process behind all the others.

@@ -1,14 +1,14 @@
 """Plots of a run, from what it wrote: loss and eval loss, throughput, each process's step-time
 breakdown and the goodput split, as PNGs in WORKDIR/report (or --out):
 
-  .venv/bin/python -m trainer.report --workdir=runs/smoke
+  .venv/bin/python -m trainer.observe.report --workdir=runs/smoke
 
 - loss.png: train loss per logged step, eval loss, the data's loss floor where known; a dashed line
   where a run resumed (metrics.jsonl's `start` rows), so a run resumed several times reads as one.
 - throughput.png: the experiment's unit per second per logged window (and TFLOP/s per device).
 - step_time.png: per process (processes/process_I.jsonl), seconds per step by where the host spent
   them: waiting for data, dispatching, waiting for the devices, blocked saving, evaluating.
-- goodput.png: summary.json's split of the last run's wall time (trainer/goodput.py).
+- goodput.png: summary.json's split of the last run's wall time (trainer/observe/goodput.py).
 Reads only the files; needs no JAX. Every plot's title carries summary.json's device label.
 """
 
@@ -31,12 +31,12 @@ BREAKDOWN = (
 
 
 def _load(workdir: str) -> dict:
-  metrics = rundir.read_jsonl(os.path.join(workdir, "metrics.jsonl"), required=("step",))
+  metrics = rundir.read_jsonl(rundir.metrics(workdir), required=("step",))
   if not metrics:
     raise UserError(f"{workdir}/metrics.jsonl is missing or empty: is --workdir a run directory?")
-  summary = rundir.read_json_object(os.path.join(workdir, "summary.json")) or {}
+  summary = rundir.read_json_object(rundir.summary(workdir)) or {}
   processes = {}
-  for path in glob.glob(os.path.join(workdir, "processes", "process_*.jsonl")):
+  for path in glob.glob(rundir.process_log(workdir, "*")):
     processes[int(re.search(r"process_(\d+)", path)[1])] = rundir.read_jsonl(path, required=("step",))
   return {"metrics": metrics, "summary": summary, "processes": processes}
 
@@ -117,7 +117,7 @@ def plot(workdir: str, out: str) -> list[str]:
 
   split = summary.get("goodput")
   if isinstance(split, dict) and "goodput" in split:
-    from trainer.goodput import CATEGORIES
+    from trainer.observe.goodput import CATEGORIES
 
     fig, ax = plt.subplots(figsize=(10, 2.8))
     left = 0.0
@@ -140,7 +140,7 @@ def main(argv=None) -> list[str]:
   parser.add_argument("--out", default=None, help="where the PNGs go (default WORKDIR/report)")
   args = parser.parse_args(argv)
   try:
-    written = plot(args.workdir, args.out or os.path.join(args.workdir, "report"))
+    written = plot(args.workdir, args.out or rundir.report(args.workdir))
   except UserError as e:
     raise SystemExit(f"error: {e}") from None
   for path in written:

@@ -1,6 +1,6 @@
 """SIGINT and SIGTERM before the training loop takes over, and in the modes that save nothing.
 
-main.py installs these handlers first thing, before JAX is imported. Until trainer/preemption.py
+main.py installs these handlers first thing, before JAX is imported. Until trainer/cluster/preemption.py
 replaces them (in the loop, where a signal means "save and stop"), a signal raises `Interrupted`,
 which main.py turns into one line, `interrupted during start-up (SIGTERM): nothing to save`, and the
 conventional exit code 128 + N: a scheduler reads it as "did not finish", and a user's Ctrl-C never

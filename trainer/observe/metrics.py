@@ -61,15 +61,15 @@ class MetricsLog:
     """`process_start`: fields for this process's `start` row (its start-up seconds, say)."""
     self.is_main = jax.process_index() == 0
     self._workdir = workdir
-    proc_dir = os.path.join(workdir, "processes")
+    proc_dir = rundir.processes(workdir)
     os.makedirs(proc_dir, exist_ok=True)
-    self._process_path = os.path.join(proc_dir, f"process_{jax.process_index()}.jsonl")
+    self._process_path = rundir.process_log(workdir, jax.process_index())
     truncate_jsonl(self._process_path, resume_step)
     self._process = open(self._process_path, "a")
     self._metrics = self._tb = None
     self.trained_before = None  # The last global batch an earlier run logged (process 0 knows).
     if self.is_main:
-      path = os.path.join(workdir, "metrics.jsonl")
+      path = rundir.metrics(workdir)
       self.trained_before = truncate_jsonl(path, resume_step, drop_eval_at)
       self._metrics = open(path, "a")
       self._tb = self._tensorboard(resume_step)
@@ -84,7 +84,7 @@ class MetricsLog:
   def _tensorboard(self, after_step: int):
     from tensorboardX import SummaryWriter
 
-    return SummaryWriter(os.path.join(self._workdir, "tensorboard"), purge_step=after_step + 1)
+    return SummaryWriter(rundir.tensorboard(self._workdir), purge_step=after_step + 1)
 
   def truncate(self, after_step: int) -> None:
     """Forgets rows past `after_step` (a rollback trains those steps again)."""
@@ -129,6 +129,10 @@ class MetricsLog:
       self._tb.close()
 
 
+# The clock's phases a window books: where each goes in the window's figures.
+_PHASE_FIELDS = {"data": "fetch", "checkpoint": "checkpoint", "eval": "evaluation", "profiling": "profiling"}
+
+
 class Window:
   """What happened since the last logged step: host timings, and the steps' valid counts in the
   experiment's unit (device scalars, fetched only when the window closes so the loop never waits)."""
@@ -144,17 +148,23 @@ class Window:
     self._counts, self._unchecked = [], []  # Device scalars: (step, count); (step, finite, count).
 
   def add_step(
-    self, step: int, data_wait_s: float, fetch_s: float, dispatch_s: float, metrics: dict, valid_examples: int
+    self, step: int, data_wait_s: float, dispatch_s: float, metrics: dict, valid_examples: int
   ) -> None:
-    """data_wait_s: blocked because the next batch was not ready (an input stall); fetch_s: all the
-    time taking it, including waiting for the GIL behind other host threads."""
+    """data_wait_s: blocked because the next batch was not ready (an input stall); dispatch_s: handing
+    the step to the devices."""
     self.steps += 1
     self.data_wait += data_wait_s
-    self.fetch += fetch_s
     self.dispatch += dispatch_s
     self.valid_examples += valid_examples
     self._counts.append((step, metrics["count"]))
     self._unchecked.append((step, metrics["finite"], metrics["count"]))
+
+  def add_phase(self, phase: str, seconds: float) -> None:
+    """Seconds the clock booked in a phase inside this window (trainer/observe/clock.py): taking a batch
+    (all of it, waiting for the GIL behind other host threads included), and the loop's saving,
+    evaluating and profiling, which its rates leave out."""
+    if field := _PHASE_FIELDS.get(phase):
+      setattr(self, field, getattr(self, field) + seconds)
 
   def first_nonfinite_step(self) -> tuple[int, bool] | None:
     """(step, empty) for the first step in this window whose loss or gradient norm was NaN or Inf, or

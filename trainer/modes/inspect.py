@@ -13,10 +13,12 @@ import jax
 import numpy as np
 
 from errors import UserError
-from trainer import components, device_memory, hardware, model_flops
+from trainer import components, rundir
 from trainer import state as state_lib
-from trainer.hlo_collectives import collectives, trip_multipliers
-from trainer.metrics import console, device_label
+from trainer.checkpoint import device_memory
+from trainer.observe import flops, hardware
+from trainer.observe.collectives import collectives, trip_multipliers
+from trainer.observe.metrics import console, device_label
 from trainer.step import make_train_step
 
 
@@ -102,7 +104,7 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
   if config.checks.recompute_every:  # A checked step keeps the step's own result while it runs again.
     per_device += param_max + opt_max
   loops = sum(1 for line in hlo.splitlines() if " while(" in line)
-  model = model_flops.per_step(comp.experiment, config, state_lib.param_count(target.params))
+  model = flops.per_step(comp.experiment, config, state_lib.param_count(target.params))
   return {
     "devices": [
       {
@@ -164,7 +166,7 @@ def inspect(config, workdir: str, target_device: str | None = None) -> dict:
   out = report(config, target_device=target_device)
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "inspect.json"), "w") as f:
+    with open(rundir.mode_output(workdir, "inspect"), "w") as f:
       json.dump(out, f, indent=1)
   t, c = out["totals"], out["compiled"]
   console(f"devices: {out['devices_label']}; mesh {out['mesh']}; strategy {out['strategy']}")

@@ -25,9 +25,10 @@ import time
 
 import jax
 
-from trainer import multihost
-from trainer.hlo_collectives import KINDS
-from trainer.metrics import console
+from trainer import rundir
+from trainer.cluster import multihost
+from trainer.observe.collectives import KINDS
+from trainer.observe.metrics import console
 
 CPU_NOTE = (
   "logical CPU devices share this process's cores: compute includes waiting for a core, and "
@@ -129,7 +130,7 @@ def split(xspace_path: str, steps: int) -> dict:
   return {"span_s": round(span / steps, 6), "devices": devices, "mean": mean, "note": CPU_NOTE if cpu else ""}
 
 
-class Window:
+class ProfileWindow:
   """Traces global steps start_step+1 .. start_step+steps (profile.* keys), once: a run resumed past
   start_step takes none. The window waits for the devices at both ends, so no step outside it is in
   it; what the loop does between its steps (saving, evaluating, checks) is."""
@@ -137,14 +138,14 @@ class Window:
   def __init__(self, profile_config, workdir: str, first_step: int):
     self.first, self.steps = profile_config.start_step, profile_config.steps
     self.on = self.steps > 0 and self.first >= first_step
-    self.directory = os.path.join(workdir, "profile", f"process_{jax.process_index()}")
+    self.directory = rundir.profile(workdir, jax.process_index())
     self.active = False
 
-  def maybe_start(self, step: int, state) -> float:
-    """With `step` steps done: starts the trace if the window begins here; returns the seconds taken."""
-    if not (self.on and not self.active and step == self.first):
-      return 0.0
-    t0 = time.time()
+  def starts_after(self, step: int) -> bool:
+    return self.on and not self.active and step == self.first
+
+  def start(self, state) -> None:
+    """Starts the trace once the devices have run everything before it."""
     jax.block_until_ready(state)
     # No Python tracer: the split reads device ops only, and tracing every Python thread (Grain's,
     # Orbax's) slows the host side the window measures; it also crashed a long-lived test process.
@@ -152,20 +153,20 @@ class Window:
     options.python_tracer_level = 0
     jax.profiler.start_trace(self.directory, profiler_options=options)
     self.active = True
-    return time.time() - t0
 
   def annotation(self, step: int):
     return (
       jax.profiler.StepTraceAnnotation("train", step_num=step) if self.active else contextlib.nullcontext()
     )
 
-  def maybe_stop(self, step: int, state) -> tuple[dict | None, float]:
-    """After `step`: at the window's end, stops the trace and reads it back: (row, seconds taken)."""
-    if not (self.active and step == self.first + self.steps):
-      return None, 0.0
-    t0 = time.time()
+  def ends_after(self, step: int) -> bool:
+    return self.active and step == self.first + self.steps
+
+  def stop(self, state) -> dict:
+    """Stops the trace at the window's end and reads it back into a processes/process_I.jsonl row."""
     jax.block_until_ready(state)
     self.abort()
+    step = self.first + self.steps
     row = {"step": step, "time": time.time(), "event": "profile", "steps": [self.first + 1, step]}
     traces = glob.glob(os.path.join(self.directory, "**", "*.xplane.pb"), recursive=True)
     if traces:  # Every process returns a row, trace or not: each then makes the same gather call.
@@ -173,7 +174,7 @@ class Window:
       row.update(trace=newest, **split(newest, self.steps))
     else:
       row["note"] = f"the profiler wrote no trace under {self.directory}"
-    return row, time.time() - t0
+    return row
 
   def abort(self) -> None:
     """Stops the trace, if one runs, for good: the run ended, or a rollback left the window."""

@@ -1,10 +1,10 @@
 """Names a process that is slower than the others: its data wait or dispatch time per step, or its
-link's round trip to the coordination service (trainer/liveness.py), over a logging window, against
+link's round trip to the coordination service (trainer/cluster/liveness.py), over a logging window, against
 the median of the other processes'. A slow link at process 0's host, where the service runs, slows
 every other process's round trip alike, so none stands out there; one elsewhere is named.
 
 Every process publishes its window's figures in the same progress report its watchdog publishes
-(trainer/watchdog.py), and process 0 compares the latest of each. Device time is the same on every
+(trainer/cluster/watchdog.py), and process 0 compares the latest of each. Device time is the same on every
 process of a synchronous job (each waits in its collectives for the slowest), so a slow device shows
 in the profile window's per-process compute time, not here; what shows here is a host that is late
 with its batches or its dispatch.
@@ -14,7 +14,7 @@ import statistics
 
 import jax
 
-from trainer.metrics import console
+from trainer.observe.metrics import console
 
 MEASURES = {"data_s": "data wait", "dispatch_s": "step dispatch", "link_s": "link round trip"}
 PER = {"data_s": "s/step", "dispatch_s": "s/step", "link_s": "s"}

@@ -1,4 +1,4 @@
-"""One classification of failures and the exit code each gets: main.py, trainer/checkpoint_proof.py and
+"""One classification of failures and the exit code each gets: main.py, trainer/checkpoint/proof.py and
 the launchers (launch/restart_policy.py, the SLURM script, the JobSet's podFailurePolicy) follow it.
 
   user error            2  never restart: it would fail the same way
@@ -114,7 +114,7 @@ def _newest_checkpoint_bytes(workdir: str | None) -> int:
   if (step := rundir.newest_checkpoint(workdir)) is None:
     return 0
   total = 0
-  for dirpath, _, names in os.walk(os.path.join(workdir, "checkpoints", str(step))):
+  for dirpath, _, names in os.walk(rundir.checkpoint(workdir, step)):
     total += sum(os.path.getsize(os.path.join(dirpath, n)) for n in names)
   return total
 

@@ -1,13 +1,16 @@
-"""How a config is put together: the trainer's keys (configs/base.py) plus an experiment's own keys,
-locked; and the short config arguments of `--config=configs/NAME.py:tiny,fsdp=8`.
+"""How a config is put together: the trainer's declared keys (trainer/config/trainer_keys.py) plus an
+experiment's (experiments/NAME_keys.py), locked; and the short config arguments of
+`--config=configs/NAME.py:tiny,fsdp=8`.
 
-The helpers live here so that config files stay values only.
+The helpers live here so that config files stay values only. JAX-free, like everything a config file
+loads: neither the trainer's machinery nor the experiment's model is imported.
 """
 
 import ml_collections
 
 import experiments
 from errors import UserError
+from trainer.config import keys, trainer_keys
 
 # What `:tiny` does to the trainer's keys: a pulse of a few steps on 8 logical CPU devices, with
 # checkpoints and one evaluation batch. The experiment's TINY shrinks its model and data on top.
@@ -26,31 +29,32 @@ MESH_ARGS = ("data", "fsdp", "tensor")  # `fsdp=8`: these axes as given, the oth
 ARGS = {"steps": "steps", "batch": "global_batch_size", "strategy": "sharding.strategy"}
 
 
-def with_experiment(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  """`c` plus the experiment's default_config(), locked. Its keys may add to the trainer's sections
-  (data, model, ...) but never redefine a trainer key."""
-  module = experiments.load(name)
-  c.experiment = experiments.module_name(name)
-  _merge(c, module.default_config(), f"experiments/{c.experiment}.py", "")
+def declared(experiment: str) -> dict[str, keys.Key]:
+  """Every key a config of `experiment` has: the trainer's, then the experiment's, which may add to the
+  trainer's sections (data, model, ...) but never redefine a trainer key."""
+  name = experiments.module_name(experiment)
+  own = experiments.load_keys(name).KEYS
+  for dotted in own:
+    if dotted in trainer_keys.KEYS or any(dotted.startswith(f"{k}.") for k in trainer_keys.KEYS):
+      raise UserError(
+        f"experiments/{name}_keys.py redefines {dotted}, a key of trainer/config/trainer_keys.py"
+      )
+  return {**trainer_keys.KEYS, **own}
+
+
+def config(experiment: str) -> ml_collections.ConfigDict:
+  """The locked config of `experiment` at every key's default."""
+  c = keys.to_config(declared(experiment))
+  c.experiment = experiments.module_name(experiment)
   c.lock()
   return c
 
 
-def _merge(into, extra, origin: str, prefix: str) -> None:
-  for key, value in extra.items():
-    if isinstance(value, ml_collections.ConfigDict) and isinstance(into.get(key), ml_collections.ConfigDict):
-      _merge(into[key], value, origin, f"{prefix}{key}.")
-    elif key in into:
-      raise UserError(f"{origin} default_config() redefines {prefix}{key}, a key of configs/base.py")
-    else:
-      into[key] = value
-
-
-def keys(c, prefix: str = "") -> set[str]:
+def dotted_keys(c, prefix: str = "") -> set[str]:
   """Every dotted key of a (nested) config."""
   out = set()
   for k, v in c.items():
-    out |= keys(v, f"{prefix}{k}.") if isinstance(v, ml_collections.ConfigDict) else {f"{prefix}{k}"}
+    out |= dotted_keys(v, f"{prefix}{k}.") if isinstance(v, ml_collections.ConfigDict) else {f"{prefix}{k}"}
   return out
 
 
@@ -71,7 +75,7 @@ def apply_args(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.
     name, _, value = item.partition("=")
     if item == "tiny":
       microbatches = min(c.microbatches, 2)
-      for key, v in {**TINY, **experiments.load(c.experiment).TINY}.items():
+      for key, v in {**TINY, **experiments.load_keys(c.experiment).TINY}.items():
         set_key(c, key, v)
       c.microbatches = microbatches
     elif name in MESH_ARGS and value:

@@ -2,7 +2,7 @@
 
 On global batches verify builds to be hard (a full batch; an epoch's last, partial batch, where one
 device's rows are partly padding and the others' only padding; the next epoch's first), with the
-configured microbatches, it checks each property of trainer/objective_checks.py against an
+configured microbatches, it checks each property of trainer/modes/objective_checks.py against an
 independent calculation on one device (additivity, padding_inert, one_division), make_batch on
 slices of rows as processes apply it (rows_separate), the gradient norm on 1, 2, 4 and 8 devices
 (device_count), and runs K optimizer steps twice from the same initial state: once on the configured
@@ -27,10 +27,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from data import pipeline
-from trainer import components, multihost, objective_checks
+from trainer import components, rundir
 from trainer import sharding as sharding_lib
 from trainer import state as state_lib
-from trainer.metrics import console, device_label
+from trainer.cluster import multihost
+from trainer.modes import objective_checks
+from trainer.observe.metrics import console, device_label
 from trainer.step import example_keys, make_train_step
 
 # (loss relative difference, gradient/parameter norm ratio) by compute dtype; measured in tests.
@@ -148,7 +150,7 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   ok = multihost.all_agree("verify", _report(checks, rows) if main else True, timeout_s=600)
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "verify.json"), "w") as f:
+    with open(rundir.mode_output(workdir, "verify"), "w") as f:
       out = {
         "verdict": "PASS" if ok else "FAIL",
         "devices": device_label(),

@@ -2,7 +2,7 @@
 numerator of MFU. Unlike the compiled step's cost analysis it counts no rematerialized recompute, and
 every scanned layer (XLA counts a loop's body once). Also: TFLOP/s per device and MFU from them."""
 
-from trainer import hardware
+from trainer.observe import hardware
 
 
 def per_step(experiment, config, param_count: int) -> float | None:
@@ -20,7 +20,7 @@ def compiled_per_device(compiled) -> float | None:
 
 def fields(flops_per_step: float | None, step_time_s: float, devices) -> dict:
   """{tflops_per_device, mfu}: model FLOP/s of one device, and its fraction of the device's peak
-  (left out where there is none: logical CPU devices, or a kind trainer/hardware.py lacks)."""
+  (left out where there is none: logical CPU devices, or a kind trainer/observe/hardware.py lacks)."""
   if not flops_per_step:
     return {}
   per_device = flops_per_step / step_time_s / len(devices)
@@ -36,4 +36,4 @@ def mfu_label(devices, flops_per_step: float | None = None) -> str:
     return "n/a (logical CPU)"
   if not flops_per_step:
     return "n/a (no FLOPs count: the experiment has no model_flops_per_example, XLA gave none)"
-  return f"n/a (no peak for {devices[0].device_kind!r} in trainer/hardware.py)"
+  return f"n/a (no peak for {devices[0].device_kind!r} in trainer/observe/hardware.py)"

@@ -1,0 +1,96 @@
+"""The keys of experiments/lm.py, each declared once (trainer/config/keys.py): default, rule, what
+resuming with another value does, and meaning; and TINY, what a config's `:tiny` argument shrinks.
+JAX-free: config files load it without the experiment's model.
+"""
+
+from trainer.config import keys
+from trainer.config.keys import Key
+from trainer.config.rules import boolean, one_of, real, text, whole
+
+KEYS = {
+  "data.source": Key(
+    "synthetic",
+    one_of("synthetic", "arrayrecord"),
+    keys.DATA,
+    "'synthetic' (seeded Markov chain with a known loss floor) or 'arrayrecord'.",
+  ),
+  "data.num_examples": Key(1_000_000, whole(0), keys.DATA, "Synthetic: training records per epoch."),
+  "data.eval_examples": Key(
+    1_024, whole(0), keys.DATA, "Synthetic: held-out records, disjoint from the training records."
+  ),
+  "data.seq_len": Key(
+    64, whole(1), keys.DATA, "Tokens per example the model sees (records hold seq_len + 1)."
+  ),
+  "data.vocab_size": Key(64, whole(2, 4096), keys.DATA, "Synthetic: vocabulary of the Markov chain."),
+  "data.markov_concentration": Key(
+    0.1,
+    real(0.0, low_open=True),
+    keys.DATA,
+    "Synthetic: Dirichlet concentration of each row; lower = lower entropy.",
+  ),
+  "data.path": Key(
+    "",
+    text,
+    keys.DATA,
+    "arrayrecord: directory written by `python -m data.prepare` (record counts come from it).",
+  ),
+  "data.packing": Key(
+    False, boolean, keys.DATA, "arrayrecord: documents packed per sequence attend only within themselves."
+  ),
+  "model.vocab_size": Key(64, whole(2), keys.MODEL, "Must be >= the data's vocabulary."),
+  "model.embed_dim": Key(64, whole(2), keys.MODEL, "Width of the residual stream."),
+  "model.num_layers": Key(2, whole(1), keys.MODEL, "Decoder blocks."),
+  "model.num_heads": Key(4, whole(1), keys.MODEL, "Attention heads; head_dim = embed_dim // num_heads."),
+  "model.num_kv_heads": Key(
+    0, whole(0), keys.MODEL, "Key/value heads (grouped-query attention) dividing num_heads; 0: num_heads."
+  ),
+  "model.mlp_dim": Key(256, whole(1), keys.MODEL, "Hidden width of the SwiGLU MLP."),
+  "model.rope_base": Key(10_000.0, real(1.0, low_open=True), keys.MODEL, "RoPE frequency base."),
+  "model.attention": Key(
+    "einsum",
+    one_of("einsum", "xla", "cudnn", "auto"),
+    keys.MODEL,
+    "'einsum' (explicit), or jax.nn.dot_product_attention: 'xla', 'cudnn' (GPUs), or 'auto' (cuDNN on "
+    "GPUs in bfloat16, else XLA). model/layers.py ATTENTION.",
+  ),
+  "model.scan_layers": Key(
+    False,
+    boolean,
+    keys.MODEL,
+    "Scanned: one compiled block run num_layers times over stacked params (compile time flat in depth); "
+    "unrolled: num_layers copies in the program. Checkpoints of one do not restore into the other.",
+  ),
+  "model.remat": Key(
+    "none",
+    one_of("none", "full", "dots", "dots_no_batch", "block_outputs"),
+    keys.MODEL,
+    "Rematerialization of each block in the backward pass: 'none', 'full', 'dots', 'dots_no_batch' or "
+    "'block_outputs' (model/transformer.py REMAT: what each keeps). Less memory for more compute.",
+  ),
+  "model.tie_embeddings": Key(False, boolean, keys.MODEL, "One table embeds and unembeds."),
+  "model.z_loss": Key(
+    0.0, real(0.0), keys.MODEL, "Weight of z-loss (logsumexp^2 per token) added to the loss; 0: none."
+  ),
+  "model.loss_chunk": Key(
+    0,
+    whole(0),
+    keys.MODEL,
+    "Positions per piece of the sequence whose logits exist at once in the loss (0: the whole sequence); "
+    "must divide data.seq_len. For a large vocabulary: [batch, loss_chunk, vocab] float32 at a time.",
+  ),
+}
+
+TINY = {
+  # A recipe's grouped heads and loss chunks would not divide the tiny sizes: their defaults instead.
+  "model.num_kv_heads": 0,
+  "model.loss_chunk": 0,
+  "data.source": "synthetic",
+  "data.packing": False,
+  "data.vocab_size": 32,
+  "data.seq_len": 16,
+  "model.vocab_size": 32,
+  "model.embed_dim": 32,
+  "model.num_layers": 1,
+  "model.num_heads": 2,
+  "model.mlp_dim": 64,
+}

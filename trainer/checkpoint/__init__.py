@@ -1,0 +1,1 @@
+"""Orbax checkpoints: saving, restoring, proving damage, rolling back; export reads through it."""

@@ -1,0 +1,207 @@
+"""The trainer's config keys, each declared once: default, rule, what resuming with another value does,
+and its meaning (trainer/config/keys.py). configs/base.py's get_config() builds the config from them and
+the experiment's own (experiments/NAME_keys.py). JAX-free: config files load it.
+"""
+
+from trainer.config import keys
+from trainer.config.keys import Key
+from trainer.config.rules import boolean, mesh_size, name, one_of, pairs, real, text, whole
+
+# trainer/sharding.py's presets (it checks that they are these).
+STRATEGIES = ("dp", "fsdp", "fsdp_tp", "zero1")
+
+KEYS = {
+  "seed": Key(
+    0,
+    whole(0, 2**32 - 1),
+    keys.refused("the data order and every random draw (dropout) change"),
+    "One seed for init, dropout and data order.",
+  ),
+  "experiment": Key(
+    "lm",
+    name,
+    keys.refused("another experiment's model and loss"),
+    "Module name under experiments/: what is trained (model, loss, data).",
+  ),
+  "steps": Key(
+    100,
+    whole(1),
+    keys.changes("the learning-rate schedule now ends at the new step count, so the learning rate differs"),
+    "Optimizer steps to train.",
+  ),
+  "global_batch_size": Key(
+    32,
+    whole(1),
+    keys.refused("global batch t holds other examples: some are trained twice, some never"),
+    "Examples per optimizer step, over all processes.",
+  ),
+  "microbatches": Key(
+    1, whole(1), keys.FREE, "Gradient-accumulation steps per optimizer step (sums accumulate, divide once)."
+  ),
+  "log_every": Key(10, whole(1), keys.FREE, "Write a metrics row and a progress line every N steps."),
+  "eval_every": Key(
+    0, whole(0), keys.FREE, "Evaluate on the held-out split every N steps (0: only at the end)."
+  ),
+  "eval_steps": Key(2, whole(0), keys.FREE, "Batches per evaluation."),
+  "compilation_cache": Key(
+    "",
+    text,
+    keys.FREE,
+    "Persistent compilation cache: a restart (or a rerun) loads the compiled step instead of compiling it"
+    " again. '' : WORKDIR/compilation_cache; 'off': none; else a directory, e.g. one shared by runs. "
+    "JAX_COMPILATION_CACHE_DIR in the environment, if set, wins. A changed `steps` (the schedule) misses.",
+  ),
+  "mesh.data": Key(
+    -1, mesh_size, keys.FREE, "Data-parallel axis size within a host; -1: all remaining devices."
+  ),
+  "mesh.fsdp": Key(1, mesh_size, keys.FREE, "Fully-sharded data-parallel axis size within a host."),
+  "mesh.tensor": Key(1, mesh_size, keys.FREE, "Tensor-parallel axis size within a host."),
+  "mesh.dcn_data": Key(
+    1, whole(1), keys.FREE, "Data-parallel axis size across hosts or slices (outer, slow links)."
+  ),
+  "mesh.dcn_fsdp": Key(1, whole(1), keys.FREE, "FSDP axis size across hosts or slices."),
+  "sharding.strategy": Key(
+    "fsdp_tp",
+    one_of(*STRATEGIES),
+    keys.FREE,
+    "How parameters, gradients and optimizer state are placed; presets in trainer/sharding.py: 'dp' "
+    "(replicated), 'zero1' (optimizer state sharded over the batch axes), 'fsdp' (ZeRO-3), 'fsdp_tp' "
+    "(ZeRO-3 plus tensor parallelism over the tensor axis).",
+  ),
+  "sharding.rules": Key(
+    (),
+    pairs,
+    keys.FREE,
+    'Overrides of the preset: (logical axis, mesh axes) pairs, e.g. (("mlp", None),). Model code names '
+    "logical axes only: weights embed, mlp, heads, kv, norm; activations batch, act_*; and the "
+    "experiment's own (its LOGICAL_AXES).",
+  ),
+  "sharding.fsdp_min_size": Key(
+    2**14,
+    whole(0),
+    keys.FREE,
+    "fsdp, fsdp_tp: a parameter of at least this many elements is split over the fsdp axis even where its"
+    " logical axes do not say so (along its largest dimension that can take it).",
+  ),
+  # The experiment adds its source's keys (data.source, ...).
+  "data.allow_changed_data": Key(
+    False, boolean, keys.FREE, "Resume even if the data's fingerprint differs from the checkpoint's."
+  ),
+  "data.worker_processes": Key(
+    0, whole(0), keys.FREE, "Grain worker processes preparing batches (0: reader threads only)."
+  ),
+  "data.read_threads": Key(2, whole(0), keys.FREE, "Host threads that prepare batches ahead of the device."),
+  "data.prefetch": Key(2, whole(1), keys.FREE, "Batches prepared ahead of the one being trained on."),
+  # The experiment adds its model's keys (sizes, ...).
+  "model.compute_dtype": Key(
+    "float32",
+    one_of("float32", "bfloat16"),
+    keys.MODEL,
+    "Activations and matmuls: 'float32' or 'bfloat16'; params stay float32. --mode=verify's tolerance "
+    "follows it.",
+  ),
+  "optimizer.name": Key("adamw", one_of("adamw"), keys.OPTIMIZER, "Only adamw for now."),
+  "optimizer.learning_rate": Key(3e-3, real(0.0, low_open=True), keys.OPTIMIZER, "Peak learning rate."),
+  "optimizer.warmup_steps": Key(20, whole(0), keys.OPTIMIZER, "Linear warm-up from 0 to the peak."),
+  "optimizer.schedule": Key(
+    "cosine",
+    one_of("cosine", "constant"),
+    keys.OPTIMIZER,
+    "After warm-up: 'cosine' (to end_factor * peak) or 'constant'.",
+  ),
+  "optimizer.end_factor": Key(
+    0.1, real(0.0, 1.0), keys.OPTIMIZER, "Final learning rate as a fraction of the peak."
+  ),
+  "optimizer.b1": Key(0.9, real(0.0, 1.0, high_open=True), keys.OPTIMIZER, "Adam beta1."),
+  "optimizer.b2": Key(0.95, real(0.0, 1.0, high_open=True), keys.OPTIMIZER, "Adam beta2."),
+  "optimizer.weight_decay": Key(
+    0.1, real(0.0), keys.OPTIMIZER, "Decoupled weight decay on matrices (not on norms or biases)."
+  ),
+  "optimizer.grad_clip_norm": Key(
+    1.0, real(0.0), keys.OPTIMIZER, "Clip the global gradient norm to this (0: no clipping)."
+  ),
+  "checkpoint.every": Key(50, whole(1), keys.FREE, "Save every N steps (and always at the end)."),
+  "checkpoint.keep": Key(3, whole(1), keys.FREE, "How many recent checkpoints to keep."),
+  "checkpoint.keep_every": Key(
+    0, whole(0), keys.FREE, "Also keep every checkpoint whose step is a multiple of this, forever (0: none)."
+  ),
+  "checkpoint.on_nonfinite": Key(
+    "stop",
+    one_of("stop", "rollback"),
+    keys.FREE,
+    "NaN/Inf loss or grad norm: 'stop' with an error, or 'rollback'.",
+  ),
+  "checkpoint.max_rollbacks": Key(
+    3, whole(0), keys.FREE, "'rollback': give up with an error after this many."
+  ),
+  "checkpoint.replica_parallel": Key(
+    False,
+    boolean,
+    keys.FREE,
+    "Split replicated shards' writes across replicas (see trainer/checkpoint/store.py).",
+  ),
+  "checkpoint.allow_changed_keys": Key(
+    "",
+    text,
+    keys.FREE,
+    "Resume although these keys differ from the checkpoint's, e.g. 'seed,global_batch_size': keys that "
+    "change the data order are refused otherwise (trainer/config/resume.py).",
+  ),
+  # Each phase has its own budget; past it the job ends with a report naming the stuck process.
+  "watchdog.startup_timeout_s": Key(
+    600.0, real(0.0, low_open=True), keys.FREE, "Building the mesh, data and model, and agreeing with peers."
+  ),
+  "watchdog.restore_timeout_s": Key(
+    600.0, real(0.0, low_open=True), keys.FREE, "Reading a checkpoint (at start-up and on a rollback)."
+  ),
+  "watchdog.compile_timeout_s": Key(
+    600.0,
+    real(0.0, low_open=True),
+    keys.FREE,
+    "Compiling the step, and the first step (peers still compile).",
+  ),
+  "watchdog.step_timeout_s": Key(
+    300.0, real(0.0, low_open=True), keys.FREE, "A step, barrier, save or evaluation."
+  ),
+  "watchdog.peer_timeout_s": Key(
+    30.0,
+    real(0.0, low_open=True),
+    keys.FREE,
+    "A peer whose liveness counter (trainer/cluster/liveness.py, its own thread, whatever the phase) has "
+    "not moved for this long is lost: stopped, dead or partitioned away. Every process names what it lost"
+    " and exits 3. Must stay below JAX's heartbeat timeout (100 s unless set), which aborts without a "
+    "name.",
+  ),
+  "checks.replica_every": Key(
+    0,
+    whole(0),
+    keys.FREE,
+    "Every N steps and before every checkpoint, compare checksums of every copy of each replicated array "
+    "of the train state (trainer/cluster/replicas.py); a device whose copy differs stops the run (exit 4)"
+    " before it saves. 0: never. About 6 ms per check for the smoke model on 8 logical CPU devices.",
+  ),
+  "checks.recompute_every": Key(
+    0,
+    whole(0),
+    keys.FREE,
+    "Every N steps and on every scheduled save, run the step a second time from a copy of its state and "
+    "batch with each shard on another device of the same process, and compare bit for bit "
+    "(trainer/cluster/recompute.py): what catches a device computing wrong where nothing is replicated "
+    "(pure FSDP). Costs one more step and a copy of the state on the checked steps. 0: never.",
+  ),
+  # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in
+  # WORKDIR/profile/process_I (TensorBoard's profile plugin, or Perfetto), read back into each
+  # process's compute / collective / wait / idle split (processes/process_I.jsonl and a console table).
+  "profile.start_step": Key(
+    5, whole(0), keys.FREE, "The window begins after this step (of the run's own count: warm-up first)."
+  ),
+  "profile.steps": Key(0, whole(0), keys.FREE, "Steps traced; 0: no profile."),
+  "straggler.factor": Key(
+    3.0,
+    real(0.0),
+    keys.FREE,
+    "One line names a process whose data wait or step dispatch time per step (over a logging window) "
+    "exceeds the median of the other processes' by this factor, and by at least min_s. 0: never.",
+  ),
+  "straggler.min_s": Key(0.05, real(0.0), keys.FREE, "Seconds per step: smaller differences are noise."),
+}

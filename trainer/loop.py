@@ -1,0 +1,212 @@
+"""The steps of a run: train, and on its steps log, check, save and evaluate; a NaN rolls back.
+
+Every second of the loop is in one phase of the clock (trainer/observe/clock.py): the data wait, a
+save, an evaluation and a profile's read-back inside a step are booked as themselves, the rest of the
+iteration as the step.
+"""
+
+import time
+
+import jax
+import numpy as np
+
+from data import pipeline
+from errors import UserError
+from trainer.checkpoint import restore, store
+from trainer.cluster import recovery
+from trainer.evaluate import evaluate
+from trainer.observe import flops, profiling, straggler
+from trainer.observe.metrics import Window, console, eval_line, progress_line
+
+
+def empty_batch_error(t: int) -> UserError:
+  return UserError(f"global batch {t} has no valid examples (all weights 0); refusing an empty step")
+
+
+class Loop:
+  """What the steps change as they go: the state, the step, the data position (`batch_offset`,
+  `rollbacks`), the open metrics window, and what the summary reports."""
+
+  def __init__(self, run, start, stop_after: int | None, integrity_checks, preemption, restarted):
+    self.run, self.clock, self.config = run, run.clock, run.config
+    self.state, self.batch_offset, self.rollbacks = start
+    self.start = self.step = int(self.state.step)
+    self.last_step = run.last_step
+    self.checks, self.preemption, self.restarted = integrity_checks, preemption, restarted
+    self.profile = profiling.ProfileWindow(self.config.profile, run.workdir, self.start)
+    self.unit = run.comp.experiment.UNIT
+    # A rerun that only finishes the evaluation and summary reports the loss the run ended with.
+    self.last = run.log.last_train_row(self.start) if self.start >= self.last_step else {}
+    self.eval_row, self._eval_compiled, self._stragglers_seen = {}, False, set()
+    self.trained = np.zeros(max(self.last_step - self.start, 0))  # Valid units per step of this run.
+    self._new_window()
+    self.batches = self._open_batches()
+
+  def _new_window(self) -> None:
+    self.window = self.clock.window = Window(self.unit)
+
+  def _open_batches(self) -> pipeline.DevicePrefetch:
+    first = self.step + self.batch_offset  # Global batch t trains step t - batch_offset + 1.
+    d, run = self.config.data, self.run
+    it = pipeline.local_batch_iterator(
+      run.local_batches,
+      first,
+      self.last_step + self.batch_offset,
+      d.read_threads,
+      d.prefetch,
+      d.worker_processes,
+    )
+    return pipeline.DevicePrefetch(
+      it, run.comp.batch_sharding, self.config.global_batch_size, depth=d.prefetch
+    )
+
+  def run_steps(self) -> None:
+    try:
+      while self.step < self.last_step:
+        with self.clock.phase("step", self.step + 1, self._first_step_budget()) as phase:
+          stop, metrics, copied, t1 = self._train_step(phase)
+          log_now = self.step % self.config.log_every == 0 or self.step == self.last_step or stop
+          save_now = self.step % self.config.checkpoint.every == 0 or self.step == self.last_step or stop
+          # Never log past, or save, a non-finite state.
+          bad = self.window.first_nonfinite_step() if log_now or save_now else None
+          if bad is None:
+            self._after_step(phase.batch, metrics, copied, t1, log_now, save_now)
+        if bad is not None:
+          self._roll_back(*bad)
+        elif stop:
+          break
+    finally:
+      self.profile.abort()
+      self.batches.close()
+      with self.clock.phase("checkpoint", self.step):  # Even on an error: a good checkpoint in flight
+        self.run.ckpt.wait()  # is finished, not left half-written.
+
+  def _first_step_budget(self) -> float | None:
+    """The run's first step waits in its collectives for peers still compiling: compile's budget."""
+    return self.config.watchdog.compile_timeout_s if self.step == self.start else None
+
+  def _train_step(self, phase):
+    """One step, never waiting for the devices: a device-to-host copy here (a hidden sync) is an error.
+    Only logging, saving and evaluating fetch values, on their steps."""
+    run = self.run
+    if self.profile.starts_after(self.step):
+      with self.clock.phase("profiling", self.step):
+        self.profile.start(self.state)
+    with jax.transfer_guard_device_to_host("disallow_explicit"):
+      with self.clock.phase("data", self.step + 1, self._first_step_budget()):
+        t, local, batch = next(self.batches)
+      phase.batch = t
+      assert t == self.step + self.batch_offset, (
+        t,
+        self.step,
+        self.batch_offset,
+      )  # The data position is the step.
+      # A globally empty batch never reaches the devices. Rows are known globally from the plan; weights
+      # are known here only for this process's rows (with several processes, a count of 0 shows as a
+      # non-finite step).
+      if run.comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
+        raise empty_batch_error(t)
+      t1 = time.time()
+      copied = self.checks.copy_if_due(self.step + 1, self.state, batch)  # Before the step donates the state.
+      with self.profile.annotation(self.step + 1):
+        self.state, metrics = run.train_step(self.state, batch)
+      self.step += 1
+      self.window.add_step(
+        self.step,
+        self.batches.last_starved_s,
+        dispatch_s=time.time() - t1,
+        metrics=metrics,
+        valid_examples=run.comp.plan.valid_rows(t),
+      )
+      run.ckpt.poll()  # A background save's error surfaces here, at the next step.
+      if self.restarted and self.step == self.start + 1:  # Time to recover: up to this first step's end.
+        jax.block_until_ready(metrics)
+        row = recovery.row(self.restarted, run.clock.ledger.started, run.startup, time.time(), self.start)
+        run.log.write(row)  # Kept by later resumes.
+        console(recovery.line(row))
+      # Same decisions on every process: the step count and the agreed preemption step.
+      return self.preemption.should_stop(self.step), metrics, copied, t1
+
+  def _after_step(self, t: int, metrics, copied, t1: float, log_now: bool, save_now: bool) -> None:
+    """A logged step's window closes after its save, so its checkpoint blocking is in its own row, and a
+    new window opens after the evaluation: no window's throughput includes either."""
+    run, step, config = self.run, self.step, self.config
+    if log_now:
+      metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
+      device_wait_s = time.time() - t1
+    if self.checks.due(step, save_now, copied):  # Before saving: never save a state that differs.
+      with self.clock.phase("checkpoint", step):  # Counted with checkpoint blocking: it guards the save.
+        self.checks.run(self.state, metrics, step, copied)
+    if save_now:
+      with self.clock.phase("checkpoint", step):
+        position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
+        run.ckpt.save(step, self.state, position, config, run.meta)  # Async: written in the background.
+      self.clock.ledger.saved(step)
+    if log_now:
+      self._log(step, t, metrics, device_wait_s)
+    if config.eval_every and step % config.eval_every == 0 and step != config.steps:
+      self.eval_row = self.evaluate(step)
+      console(f"step {step}/{config.steps}  {eval_line(self.eval_row)}")
+    if log_now:
+      self._new_window()
+    if self.profile.ends_after(step):
+      with self.clock.phase("profiling", step):
+        row = self.profile.stop(self.state)
+        run.log.write_process(row)
+        profiling.print_table(row, config.watchdog.step_timeout_s, run.device_label)
+
+  def _log(self, step: int, t: int, metrics, device_wait_s: float) -> None:
+    run = self.run
+    row, process_row = self.window.close(step, metrics, device_wait_s)
+    row["batch"] = t  # The data position this step trained on: checkable after any restart.
+    row.update(flops.fields(run.flops_per_step, row["step_time_s"], run.devices))
+    row.update(
+      straggler.report(run.watchdog, self.window, step, self.config.straggler, self._stragglers_seen)
+    )
+    run.log.write(row)
+    for record in [process_row, *run.ckpt.drain()]:
+      run.log.write_process(record)
+    self._count_trained(self.window.step_counts, step)
+    eta = (self.config.steps - step) * row["step_time_s"]
+    console(progress_line(step, self.config.steps, row["loss"], self.unit, row[f"{self.unit}_per_s"], eta))
+    self.last = row
+
+  def evaluate(self, at: int) -> dict:
+    """Evaluates and logs at step `at`; the first evaluation compiles the evaluation step."""
+    w = self.config.watchdog
+    with self.clock.phase("eval", at, w.step_timeout_s if self._eval_compiled else w.compile_timeout_s):
+      row = evaluate(self.run.comp, self.run.eval_step, self.state.params, self.config)
+    self._eval_compiled = True
+    self.run.log.write({"step": at, "time": time.time(), **row})
+    return row
+
+  def _count_trained(self, step_counts, up_to: int) -> None:
+    for at, n in step_counts:
+      if self.start < at <= up_to:  # (A rollback to before this run's start retrains earlier steps.)
+        self.trained[at - self.start - 1] = n
+
+  def _roll_back(self, bad: int, empty: bool) -> None:
+    """Step `bad` is non-finite: back to the newest good checkpoint, or an error."""
+    run, step, c = self.run, self.step, self.config.checkpoint
+    if empty:  # With several processes no one process knows it before the step: the same error.
+      raise empty_batch_error(bad - 1 + self.batch_offset)
+    if c.on_nonfinite != "rollback" or self.rollbacks >= c.max_rollbacks:
+      raise UserError(
+        f"loss or gradient norm is NaN/Inf at step {bad} (window {step - self.window.steps + 1}..{step}); "
+        "lower optimizer.learning_rate, or set checkpoint.on_nonfinite=rollback"
+      )
+    self.rollbacks += 1  # Saved with the next checkpoint: a restarted job does not start counting afresh.
+    self.profile.abort()  # The window would count the steps it trains again.
+    self.batches.close()
+    with self.clock.phase("restore", step):
+      back = restore.roll_back(
+        run.ckpt, run.target, run.comp, self.config, run.init, bad, self.batch_offset, time.time()
+      )
+      self.clock.ledger.discard_after(back.step)
+      self._count_trained(self.window.fetch_counts(), back.step)  # Steps up to the checkpoint stay trained.
+      self.trained[max(back.step - self.start, 0) :] = 0  # Later steps' work is thrown away.
+      run.log.truncate(back.step)
+      run.log.write(back.event)
+      self.state, self.step, self.batch_offset = back.state, back.step, back.batch_offset
+      self._new_window()
+      self.batches = self._open_batches()

@@ -1,0 +1,1 @@
+"""The modes besides training: verify, inspect, export."""
