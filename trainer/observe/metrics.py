@@ -84,7 +84,10 @@ class MetricsLog:
   def _tensorboard(self, after_step: int):
     from tensorboardX import SummaryWriter
 
-    return SummaryWriter(rundir.tensorboard(self._workdir), purge_step=after_step + 1)
+    # Event files are named by the second they open in: a resume or rollback within the same second
+    # would write over the earlier file, and the suffix keeps them apart.
+    suffix = f".{time.time_ns()}"
+    return SummaryWriter(rundir.tensorboard(self._workdir), purge_step=after_step + 1, filename_suffix=suffix)
 
   def truncate(self, after_step: int) -> None:
     """Forgets rows past `after_step` (a rollback trains those steps again)."""
