@@ -45,7 +45,7 @@ def sampler(workdir: str, step: int | None = None):
   """(run, fn(prompt, key, new_tokens, temperature) -> tokens, tokenizer or None) for a trained LM."""
   from trainer import components
   from trainer import state as state_lib
-  from trainer.modes.export import load
+  from trainer.checkpoint.read import load
 
   run = load(workdir, step)
   config = run.config

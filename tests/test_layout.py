@@ -1,0 +1,73 @@
+"""trainer/'s layout holds: imports go one way (no cycle between its modules; config/ needs nothing else
+of the trainer and no JAX; only trainer/run.py reaches up to the modes and the run), checked on the
+source with `ast`, without importing anything."""
+
+import ast
+import glob
+import os
+
+from tests.conftest import REPO
+
+TOP = ("trainer.run", "trainer.train")  # What the entry points call; nothing below may import them.
+
+
+def _module(path: str) -> str:
+  rel = os.path.relpath(path, REPO)[: -len(".py")].replace(os.sep, ".")
+  return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def _imports(path: str, modules: set[str]) -> set[str]:
+  """The trainer modules (and top-level packages) `path` imports, anywhere in the file."""
+  found = set()
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      found |= {
+        f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
+      }
+  return found
+
+
+def _graph() -> dict[str, set[str]]:
+  paths = glob.glob(os.path.join(REPO, "trainer", "**", "*.py"), recursive=True)
+  modules = {_module(p) for p in paths}
+  return {_module(p): _imports(p, modules) for p in paths}
+
+
+def test_the_trainer_modules_import_each_other_without_a_cycle():
+  graph = _graph()
+  edges = {
+    m: {i for i in imports if i in graph and i != m and i != "trainer"} for m, imports in graph.items()
+  }
+  state: dict[str, int] = {}
+
+  def visit(m, path):
+    if state.get(m) == 1:
+      raise AssertionError("import cycle: " + " -> ".join([*path[path.index(m) :], m]))
+    if state.get(m) != 2:
+      state[m] = 1
+      for n in sorted(edges[m]):
+        visit(n, [*path, m])
+      state[m] = 2
+
+  for m in sorted(edges):
+    visit(m, [])
+
+
+def test_config_needs_no_jax_and_nothing_else_of_the_trainer():
+  for m, imports in _graph().items():
+    if m.startswith("trainer.config"):
+      wrong = [
+        i for i in imports if i.split(".")[0] in ("jax", "flax", "orbax", "optax", "grain", "model", "data")
+      ]
+      wrong += [i for i in imports if i.startswith("trainer.") and not i.startswith("trainer.config")]
+      assert not wrong, (m, wrong)
+
+
+def test_nothing_below_the_entry_points_imports_them_or_the_modes():
+  for m, imports in _graph().items():
+    if m in TOP or m.startswith("trainer.modes"):
+      continue
+    up = [i for i in imports if i in TOP or i.startswith("trainer.modes")]
+    assert not up or m == "trainer.run", (m, up)

@@ -1,0 +1,96 @@
+"""Open a run's checkpoint anywhere: its params (and optimizer state) as numpy arrays, with its config.
+
+In a notebook, on whatever devices are present (one CPU is enough):
+
+  from trainer.checkpoint.read import load
+  run = load("runs/smoke")            # The newest checkpoint; step=N for another.
+  run.params["layers"]["attn"]["wq"]  # Plain numpy arrays, nested as the model names them.
+  run.config.model.embed_dim          # The config the run was trained with.
+
+A checkpoint saved on any mesh or device count restores here onto this process's first device (Orbax
+needs a target for that: it is built from the saved config, so nothing about the run's topology is
+needed). trainer/modes/export.py writes what it reads as safetensors.
+"""
+
+import functools
+import os
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from absl import logging
+from flax import nnx
+from jax.sharding import SingleDeviceSharding
+
+from errors import UserError
+from trainer import components, rundir
+from trainer import state as state_lib
+from trainer.checkpoint import store
+from trainer.config import assemble
+from trainer.optimizer import make_optimizer
+
+
+class Loaded(NamedTuple):
+  params: dict  # Nested dict of numpy arrays.
+  opt_state: Any  # The optax state as numpy arrays (with_optimizer=True), else None.
+  config: ml_collections.ConfigDict  # The config the checkpoint was trained with.
+  step: int
+
+
+def _config_from_json(saved: dict) -> ml_collections.ConfigDict:
+  """The locked config of the saved experiment with the saved values (JSON lists back to tuples)."""
+  config = assemble.config(saved["experiment"])
+  config.unlock()
+
+  def put(prefix: str, tree: dict) -> None:
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        put(f"{prefix}{key}.", value)
+      else:
+        assemble.set_key(config, prefix + key, tuple(value) if isinstance(value, list) else value)
+
+  put("", saved)
+  config.lock()
+  return config
+
+
+def load(workdir: str, step: int | None = None, with_optimizer: bool = False) -> Loaded:
+  """The params (and optionally the optimizer state) of checkpoint `step` (None: the newest) of the
+  run in `workdir`, as numpy arrays, with its config."""
+  directory = rundir.checkpoints(os.path.abspath(workdir))
+  if not store.has_checkpoints(workdir):
+    raise UserError(f"{workdir} has no checkpoints/STEP directory: train there first")
+  handlers = store.Checkpoints.item_handlers()
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)  # Orbax warns that a read-only manager will not save.
+  try:
+    options = ocp.CheckpointManagerOptions(read_only=True)
+    with ocp.CheckpointManager(directory, options=options, item_handlers=handlers) as manager:
+      state, config, step = _restore(manager, workdir, step)
+  finally:
+    logging.set_verbosity(verbosity)
+  return Loaded(state.params, state.opt_state if with_optimizer else None, config, step)
+
+
+def _restore(manager, workdir: str, step: int | None):
+  """(state as numpy arrays, config, step) of checkpoint `step` (None: the newest)."""
+  steps = manager.all_steps()
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise UserError(f"{workdir} has no checkpoint {step}; it has {sorted(steps)}")
+  saved = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+  config = _config_from_json(saved)
+  experiment = components.load_experiment(config)
+  mdef = state_lib.model_def(functools.partial(experiment.build_model, config))
+  tx, _ = make_optimizer(config.optimizer, config.steps, mdef.logical_specs)
+  here = SingleDeviceSharding(jax.local_devices()[0])
+  target = state_lib.abstract_state(jax.tree.map(lambda _: here, _shapes(mdef, tx)), mdef, tx)
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+  return jax.device_get(restored["state"]), config, step
+
+
+def _shapes(mdef, tx) -> state_lib.TrainState:
+  """A TrainState of placeholders, one per leaf: the tree abstract_state maps shardings over."""
+  params = nnx.to_pure_dict(mdef.abstract_state)
+  return state_lib.TrainState(step=0, params=params, opt_state=jax.eval_shape(tx.init, params), rng=0)
