@@ -16,18 +16,10 @@ processes still running --grace_s seconds after the first) does it exit 128 + N,
 A process in a jax.distributed job does not die of SIGTERM: JAX's preemption service catches it
 and only a training loop that polls `multihost_utils.reached_preemption_sync_point` acts on it.
 
-`--max_restarts=N` relaunches the whole job (after `--restart_backoff_s`, on a new port unless
-`--port` fixes it) when it failed, up to N times; main.py resumes from the newest checkpoint. One line
-per restart names the cause, the process and the checkpoint. Exit codes decide
-(launch/restart_policy.py): a user error (2) or a device that computed wrong (4) never restarts, nor
-does a job the launcher was told to stop. With
-`--min_processes=K` (`--elastic`: K = 1) a slot that fails at start-up twice in a row (before the
-job's first step) is dropped: the job continues on the other processes with the same global batch (the data
-order is a function of the step) and the checkpoint is resharded onto the smaller mesh, which needs a
-mesh axis of -1 (else main.py's error says why). Each restarted process gets LAUNCH_RECOVERY (JSON:
-the restart, its cause and when the job went down and came back), from which main.py records the
-time to recover by phase. With restarts, a failure kills the other processes at once (SIGKILL): they
-cannot take a step or save without their peer, and the relaunch resumes from the last checkpoint.
+`--max_restarts=N` relaunches the whole job when it failed, up to N times, and main.py resumes from the
+newest checkpoint; `--min_processes=K` (`--elastic`: K = 1) lets it continue without a slot that cannot
+come back. launch/restarts.py runs that loop and says how; launch/restart_policy.py says which exit
+codes restart.
 
 `--netns=NS0,NS1,...` (as root) runs process I inside network namespace NSI, each with its own
 address, as on separate hosts (tests/netns.py builds them: network faults between real interfaces);
@@ -39,7 +31,6 @@ to its own interface, not 127.0.1.1).
 
 import argparse
 import ctypes
-import json
 import os
 import queue
 import signal
@@ -52,7 +43,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), REPO]  # Its neighbours; trainer.rundir.
 from process_output import LinePump, log  # noqa: E402
-from restart_policy import NEVER_RESTART, cause, newest_checkpoint, past_startup  # noqa: E402
+from restarts import supervise  # noqa: E402
 
 # Short jax.distributed timeouts (seconds), read by trainer/cluster/runtime.py: on one machine every process
 # starts within seconds and finishes within seconds of the others, so a peer that never connects or
@@ -291,74 +282,31 @@ def _workdir(main_flags: list[str]) -> str | None:
   return None
 
 
-class _Stop:
-  """A signal between two launches (during the back-off): no further launch."""
-
-  signum: int | None = None
-
-  @classmethod
-  def handler(cls, job):
-    def on_signal(signum, frame):
-      cls.signum = cls.signum or signum
-      job.on_signal(signum, frame)
-
-    return on_signal
-
-
 def main(argv: list[str]) -> int:
   args = parse_args(argv)
   env = dict(os.environ)
   for key, value in CHILD_ENV_DEFAULTS.items():
     env.setdefault(key, value)
   env["PYTHONUNBUFFERED"] = "1"  # Lines arrive as they are printed, not when a buffer fills.
-  env.pop("LAUNCH_RECOVERY", None)
-  workdir, processes, restarts = _workdir(args.main_flags), args.processes, 0
-  at_startup: dict[int, int] = {}  # Slot -> launches in a row it failed in before the job's first step.
-  while True:
+
+  def new_job(processes: int, env: dict[str, str]) -> Job:
+    """One launch of `processes` processes, on a port of its own unless --port fixes it."""
     port = args.port or free_port()
     # Only the loopback interface (or NS0's own address): nothing else can reach the coordinator.
     host = namespace_address(args.netns[0]) if args.netns else "127.0.0.1"
     env["JAX_COORDINATOR_BIND_ADDRESS"] = f"{host}:{port}"
-    job = Job(
-      _argv(args, processes, host, port), env, args.grace_s, args.verbose, fail_fast=args.max_restarts > 0
-    )
-    for sig in (signal.SIGINT, signal.SIGTERM):
-      signal.signal(sig, _Stop.handler(job))
-    started = time.time()
-    try:
-      job.start()
-      code = job.wait()
-    finally:
-      job.kill_all(signal.SIGKILL)  # Only reached with live processes if the launcher itself failed.
-    if code == 0 or job.signalled is not None or job.first_failure is None:
-      return code
-    slot, raw, died_at = job.first_failure
-    if raw in NEVER_RESTART or restarts >= args.max_restarts:
-      if args.max_restarts and raw not in NEVER_RESTART:
-        log(f"giving up after {restarts} restarts: process {slot} {cause(raw)}")
-      elif args.max_restarts:
-        log(f"not restarting: process {slot} {cause(raw)}")
-      return code
-    restarts += 1
-    dropped = ""
-    at_startup = {} if past_startup(workdir, slot, started) else {slot: at_startup.get(slot, 0) + 1}
-    if at_startup.get(slot, 0) >= 2 and processes > args.min_processes:
-      processes -= 1  # The slot failed twice at start-up: continue without it.
-      at_startup = {}
-      dropped = f"; slot {slot} did not come back: continuing on {processes} processes (renumbered)"
-    step = newest_checkpoint(workdir)
-    resume = f"checkpoint {step}" if step is not None else "the start (no checkpoint yet)"
-    log(
-      f"restart {restarts}/{args.max_restarts}: process {slot} {cause(raw)}{dropped}; resuming from "
-      f"{resume} in {args.restart_backoff_s:g} s"
-    )
-    time.sleep(args.restart_backoff_s)
-    if _Stop.signum is not None:
-      log(f"got {signal.Signals(_Stop.signum).name} before the relaunch; not relaunching")
-      return 128 + _Stop.signum
-    recovery = {"restart": restarts, "cause": cause(raw), "process": slot, "processes": processes}
-    recovery.update(died_at=died_at, ended_at=job.ended_at, relaunched_at=time.time())
-    env["LAUNCH_RECOVERY"] = json.dumps(recovery)
+    argv_per_process = _argv(args, processes, host, port)
+    return Job(argv_per_process, env, args.grace_s, args.verbose, fail_fast=args.max_restarts > 0)
+
+  return supervise(
+    new_job,
+    env,
+    args.processes,
+    max_restarts=args.max_restarts,
+    restart_backoff_s=args.restart_backoff_s,
+    min_processes=args.min_processes,
+    workdir=_workdir(args.main_flags),
+  )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """When a failed job is restarted: what each exit code of main.py means to a launcher or a scheduler,
-and what the run directory says about where a restart resumes. launch/local.py uses it, and
-launch/slurm/train.sbatch and the rendered Kubernetes JobSet follow the same codes.
+and what the run directory says about where a restart resumes. launch/restarts.py (launch/local.py's
+restarts) uses it, and launch/slurm/train.sbatch and the rendered Kubernetes JobSet follow the same codes.
 
   0        finished                                    never restart
   2        a user error (config, data, code)           never restart: it would fail the same way
@@ -16,7 +16,6 @@ launch/slurm/train.sbatch and the rendered Kubernetes JobSet follow the same cod
 import signal
 
 from trainer import rundir
-from trainer.rundir import newest_checkpoint  # noqa: F401 - the launchers' import of it.
 
 # What an exit code tells a restart policy (main.py's codes; a signal N shows as 128 + N).
 EXIT_CODES = {
