@@ -27,7 +27,7 @@ class Loop:
   """What the steps change as they go: the state, the step, the data position (`batch_offset`,
   `rollbacks`), the open metrics window, and what the summary reports."""
 
-  def __init__(self, run, start, stop_after: int | None, integrity_checks, preemption, restarted):
+  def __init__(self, run, start: restore.Start, integrity_checks, preemption, restarted: dict | None):
     self.run, self.clock, self.config = run, run.clock, run.config
     self.state, self.batch_offset, self.rollbacks = start
     self.start = self.step = int(self.state.step)

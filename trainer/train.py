@@ -126,7 +126,7 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     preemption = Preemption()
     cleanup.callback(preemption.restore_handlers)
     interrupts.during("the end of training")  # Once train() returns and the handlers are restored.
-    loop = Loop(run, start, stop_after, checks, preemption, restarted)  # Batches are prepared ahead.
+    loop = Loop(run, start, checks, preemption, restarted)  # Batches are prepared ahead.
 
   loop.run_steps()
 
