@@ -1,19 +1,22 @@
-"""launch/k8s/render.py: the GPU JobSet manifest against vendored schemas, its wiring into
-trainer/cluster/runtime.py, bad input, the CLI, and the schema validator itself. No cluster, no network.
+"""launch/k8s/render.py: the GPU JobSet manifest against the schemas and rules of launch/k8s/schema.py,
+its wiring into trainer/cluster/runtime.py, bad input, the CLI, and the validator itself. No cluster, no
+network.
 The Pathways variant and trainer/cluster/pathways.py: tests/test_k8s_pathways.py,
 which shares BASE, CLI and the helpers below."""
 
 import copy
 import json
+import socket
 import subprocess
 import sys
 
+import jsonschema
 import pytest
 import yaml
 
 from launch import gpu_flags
+from launch.k8s import api_rules, schema
 from launch.k8s import render as k8s
-from launch.k8s import schema
 from tests.conftest import REPO
 from trainer.cluster import runtime
 
@@ -53,16 +56,46 @@ def _gpu_pod(objects):
 
 
 def test_validator_rejects_unknown_keys_wrong_types_and_missing_fields():
-  s = schema.obj({"a": schema.POSITIVE, "b": schema.array(schema.STRING)}, required=["a"])
-  assert schema.validate({"a": 1, "b": ["x"]}, s) == []
-  assert schema.validate({"a": 1, "c": 2}, s) == ["$: unknown field 'c' (known: a, b)"]
-  assert schema.validate({"a": True}, s) == ["$.a: must be integer, got bool True"]  # bool is no integer.
-  assert schema.validate({"a": 0}, s) == ["$.a: 0 is below the minimum 1"]
-  assert schema.validate({"b": ["x", 3]}, s) == [
-    "$: missing required field 'a'",
-    "$.b[1]: must be string, got int 3",
+  objects = k8s.render(**BASE)
+  service, jobset = _by_kind(objects)["Service"], _by_kind(objects)["JobSet"]
+
+  def errors(o, mutate):
+    broken = copy.deepcopy(o)
+    mutate(broken)
+    return schema.validate_object(broken)
+
+  assert schema.validate_object(service) == [] and schema.validate_object(jobset) == []
+  at = "Service/train $.spec"
+  assert errors(service, lambda s: s["spec"].update(c=2)) == [
+    f"{at}: Additional properties are not allowed ('c' was unexpected)"
   ]
-  assert schema.validate([], s) == ["$: must be object, got list []"]
+  port = lambda value: lambda s: s["spec"]["ports"][0].update(port=value)
+  assert errors(service, port(True)) == [f"{at}.ports[0].port: True is not of type 'integer'"]  # No integer.
+  assert errors(service, port(0)) == [f"{at}.ports[0].port: 0 is less than the minimum of 1"]
+  assert errors(service, lambda s: s["spec"]["ports"][0].pop("port")) == [
+    f"{at}.ports[0]: 'port' is a required property"
+  ]
+  # Every error of an object at once (kubernetes-validate, for the core kinds, stops at the first).
+  replicated = lambda js: js["spec"]["replicatedJobs"][0]
+  assert errors(jobset, lambda js: (replicated(js).pop("name"), replicated(js).update(replicas=[1]))) == [
+    "JobSet/train $.spec.replicatedJobs[0]: 'name' is a required property",
+    "JobSet/train $.spec.replicatedJobs[0].replicas: [1] is not of type 'integer'",
+  ]
+  assert schema.validate_object([]) == ["$: an object must be a mapping, got list"]
+
+
+def test_the_schemas_are_json_schema_and_need_no_network(monkeypatch):
+  with open(schema.JOBSET_SCHEMA) as f:
+    jsonschema.Draft202012Validator.check_schema(json.load(f))
+  jsonschema.Draft202012Validator.check_schema(api_rules.RULES)
+
+  def no_network(*args):
+    raise AssertionError("validating a manifest tried the network")
+
+  monkeypatch.setattr(socket.socket, "connect", no_network)
+  schema._jobset_validator.cache_clear()  # Loaded again, every schema it refers to with it.
+  for o in k8s.render(**BASE) + k8s.render(**dict(BASE, pathways=True, gcs_scratch="gs://b/p")):
+    assert schema.validate_object(o) == []
 
 
 @pytest.mark.parametrize(
@@ -72,20 +105,29 @@ def test_validator_rejects_unknown_keys_wrong_types_and_missing_fields():
       lambda js, pod: js["spec"]["replicatedJobs"][0]["template"]["spec"].update(paralelism=2),
       "'paralelism'",
     ),
-    (lambda js, pod: js["spec"].update(replicas=2), "unknown field 'replicas'"),
-    (lambda js, pod: pod["containers"][0].update(gpus=8), "unknown field 'gpus'"),
-    (lambda js, pod: pod["containers"][0]["env"][1].update(value=4), ".env[1].value: must be string"),
-    (lambda js, pod: js["spec"]["replicatedJobs"][0].update(replicas="1"), ".replicas: must be integer"),
-    (lambda js, pod: pod.update(containers=[]), "needs at least 1 item"),
-    (lambda js, pod: pod["containers"][0].pop("image"), "missing required field 'image'"),
-    (lambda js, pod: pod.update(restartPolicy="Sometimes"), "must be one of"),
-    (lambda js, pod: pod["containers"][0].update(restartPolicy="Always"), "unknown field 'restartPolicy'"),
-    (lambda js, pod: pod["volumes"][0].update(emptyDir={}), "exactly one of"),
+    (lambda js, pod: js["spec"].update(replicas=2), "('replicas' was unexpected)"),
+    (lambda js, pod: pod["containers"][0].update(gpus=8), "('gpus' was unexpected)"),
+    (
+      lambda js, pod: pod["containers"][0]["env"][1].update(value=4),
+      ".env[1].value: 4 is not of type 'string'",
+    ),
+    (
+      lambda js, pod: js["spec"]["replicatedJobs"][0].update(replicas="1"),
+      ".replicas: '1' is not of type 'integer'",
+    ),
+    (lambda js, pod: pod.update(containers=[]), ".containers: [] should be non-empty"),
+    (lambda js, pod: pod["containers"][0].pop("image"), "'image' is a required property"),
+    (lambda js, pod: pod.update(restartPolicy="Sometimes"), "'Sometimes' is not one of"),
+    (
+      lambda js, pod: pod["containers"][0].update(restartPolicy="Always"),
+      "only an init container may set restartPolicy",
+    ),
+    (lambda js, pod: pod["volumes"][0].update(emptyDir={}), "exactly one source"),
     (
       lambda js, pod: js["spec"]["replicatedJobs"][0]["template"]["spec"].update(completionMode="Ordered"),
       "Indexed",
     ),
-    (lambda js, pod: js["spec"]["failurePolicy"].update(maxRestarts=-1), "below the minimum 0"),
+    (lambda js, pod: js["spec"]["failurePolicy"].update(maxRestarts=-1), "-1 is less than the minimum of 0"),
     (lambda js, pod: js.update(apiVersion="jobset.x-k8s.io/v1"), "no schema for"),
     (lambda js, pod: js["metadata"].update(name="Train_1"), "does not match"),
     (lambda js, pod: pod["containers"][0]["resources"]["limits"].update(cpu="lots"), "does not match"),

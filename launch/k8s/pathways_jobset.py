@@ -5,7 +5,7 @@ plus the Pathways resource manager and IFRT proxy as sidecars) and `replicas` TP
 pods. main.py is the single controller: one process that sees every TPU through the proxy. The shape
 follows the JobSet that Google's PathwaysJob controller (github.com/google/pathways-job) builds; it is
 a best effort: TPUs are not available to test here. What the tests check is the structure (every
-object against the vendored schemas in launch/k8s/schema.py, the env wiring, the command); they do
+object against the schemas and rules of launch/k8s/schema.py, the env wiring, the command); they do
 not check that the Pathways images accept these flags, the TPU type tables, or that a cluster runs it.
 Fields marked UNVERIFIED below are the ones to check against the current GKE Pathways docs.
 

@@ -18,7 +18,8 @@ and exits PREEMPTED_EXIT_CODE (set in the pod's env), so it is restarted rather 
 
 Pathways (`--pathways`, TPUs on GKE): one `pathways-head` pod running main.py as the single controller,
 and `replicas` TPU slices of `worker` pods; launch/k8s/pathways_jobset.py builds it and says more.
-The input checks and pod pieces both variants share are in launch/k8s/common.py.
+launch/k8s/gpu_jobset.py builds the GPU variant; the input checks and pod pieces both share are in
+launch/k8s/common.py. Every object is validated before it is written (launch/k8s/schema.py).
 
 Cluster requirements: the JobSet controller (failurePolicy.rules and, for --pathways, spec.coordinator
 need a recent release; v0.8 or later has both), Kubernetes >= 1.26 for the Job's podFailurePolicy and
@@ -35,11 +36,10 @@ from types import SimpleNamespace
 if __package__ in (None, ""):  # Run as a script (python launch/k8s/render.py): import from the repository.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from launch import gpu_flags  # noqa: E402
 from launch.k8s import schema  # noqa: E402
 
-# RESERVED_FLAGS, USER_ERROR_EXIT and the Pathways constants are used by the builders beside this file,
-# not here; they stay importable as render.NAME, as before the split (hence F401).
+# RESERVED_FLAGS, USER_ERROR_EXIT, the GPU and the Pathways builders' names are used beside this file,
+# not here; they stay importable as render.NAME, as before the splits (hence F401).
 from launch.k8s.common import (  # noqa: E402, F401
   CONTAINER,
   JOBSET_API,
@@ -55,6 +55,13 @@ from launch.k8s.common import (  # noqa: E402, F401
   _user_error_policies,
   _volumes,
 )
+from launch.k8s.gpu_jobset import (  # noqa: E402, F401
+  COMPLETION_INDEX,
+  COORDINATOR_PORT,
+  _coordinator_policy,
+  _gpu_objects,
+  _headless_service,
+)
 from launch.k8s.pathways_jobset import (  # noqa: E402, F401
   COORDINATOR_LABEL,
   PATHWAYS_HEAD_JOB,
@@ -67,118 +74,6 @@ from launch.k8s.pathways_jobset import (  # noqa: E402, F401
   TPUS,
   _pathways_objects,
 )
-
-# JAX's own Kubernetes auto-detection (jax/_src/clusters/k8s_cluster.py) uses this port; the same one
-# here means nothing surprises someone who knows that path.
-COORDINATOR_PORT = 55527
-COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-
-
-def _gpu_objects(o: SimpleNamespace) -> list[dict]:
-  _check_hostname(o.name, WORKER_JOB, 1, o.replicas)
-  coordinator = f"{o.name}-{WORKER_JOB}-0-0.{o.name}:{o.port}"
-  volumes, mounts = _volumes(o.workdir, o.pvc, o.mount_path, o.shm_size)
-  # XLA's GPU throughput flags (launch/gpu_flags.py), then an --env XLA_FLAGS of yours: later ones win.
-  xla_flags = []
-  if o.gpus_per_replica:
-    xla_flags = [_env("XLA_FLAGS", f"{gpu_flags.xla_flags()} {o.env.pop('XLA_FLAGS', '')}".strip())]
-  container = _main_container(
-    o,
-    [
-      # trainer/cluster/runtime.py joins the job from these three (jax.distributed.initialize with them).
-      _env("JAX_COORDINATOR_ADDRESS", coordinator),
-      _env("JAX_NUM_PROCESSES", str(o.replicas)),
-      _env("JAX_PROCESS_ID", field=COMPLETION_INDEX),
-      *xla_flags,
-    ],
-    mounts,
-    ports=[{"name": "coordinator", "containerPort": o.port}],
-    # An extended resource: the request defaults to the limit; GKE adds the GPU-node toleration itself.
-    **({"resources": {"limits": {"nvidia.com/gpu": o.gpus_per_replica}}} if o.gpus_per_replica else {}),
-  )
-  pod = {
-    # Never: a process restarted in place could not rejoin; the Job fails and the JobSet restarts all.
-    "restartPolicy": "Never",
-    "subdomain": o.name,  # JobSet sets it from spec.network too; written here so the manifest says it.
-    # SIGTERM (preemption, `kubectl delete`) makes the trainer agree on a step, save and exit.
-    "terminationGracePeriodSeconds": o.termination_grace_s,
-    "containers": [container],
-    "volumes": volumes,
-  }
-  if o.node_selector:
-    pod["nodeSelector"] = dict(o.node_selector)
-  pod_failure_policy, user_error_rule = _user_error_policies(CONTAINER, WORKER_JOB)
-  jobset = {
-    "apiVersion": JOBSET_API,
-    "kind": "JobSet",
-    "metadata": {"name": o.name, "namespace": o.namespace},
-    "spec": {
-      # Pods get DNS names <name>-worker-0-I.<name>, published before they are ready: process 0 must
-      # be reachable while every process is still starting.
-      "network": {"enableDNSHostnames": True, "subdomain": o.name, "publishNotReadyAddresses": True},
-      "failurePolicy": {"maxRestarts": o.max_restarts, "rules": [user_error_rule]},
-      "replicatedJobs": [
-        {
-          "name": WORKER_JOB,
-          "replicas": 1,  # One Job; its pods are the processes.
-          "template": {
-            "spec": {
-              "parallelism": o.replicas,  # All processes run at once: jax.distributed waits for every one.
-              "completions": o.replicas,
-              "completionMode": "Indexed",  # Pod I gets completion index I: its process id.
-              "backoffLimit": 0,
-              "podFailurePolicy": pod_failure_policy,
-              "template": {"spec": pod},
-            }
-          },
-        }
-      ],
-    },
-  }
-  objects = [jobset]
-  if o.network_policy:
-    objects.insert(0, _coordinator_policy(o.name, o.namespace, o.port))
-  if o.service:
-    # The JobSet controller creates this headless Service itself when it is missing; rendering it keeps
-    # the coordinator's DNS name visible in the manifest and works with JobSet versions that do not.
-    objects.insert(0, _headless_service(o.name, o.namespace, o.port))
-  return objects
-
-
-def _coordinator_policy(name: str, namespace: str, port: int) -> dict:
-  """Admits the coordinator port only from the job's own pods: JAX's coordination service has no
-  authentication, so anyone who reaches it could join or disturb the job. Every other port stays open
-  as without a policy (NCCL between the pods, a metrics scraper): one rule for the job's pods, one for
-  everyone that leaves out the coordinator's port. Needs a network plugin that enforces policies."""
-  pods = {"podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": name}}}
-  others = [{"port": lo, "endPort": hi} for lo, hi in ((1, port - 1), (port + 1, 65535)) if lo <= hi]
-  return {
-    "apiVersion": "networking.k8s.io/v1",
-    "kind": "NetworkPolicy",
-    "metadata": {"name": f"{name}-coordinator", "namespace": namespace},
-    "spec": {
-      **pods,
-      "policyTypes": ["Ingress"],
-      "ingress": [
-        {"from": [pods]},
-        {"ports": [{"protocol": p, **r} for p in ("TCP", "UDP") for r in others]},
-      ],
-    },
-  }
-
-
-def _headless_service(name: str, namespace: str, port: int) -> dict:
-  return {
-    "apiVersion": "v1",
-    "kind": "Service",
-    "metadata": {"name": name, "namespace": namespace},
-    "spec": {
-      "clusterIP": "None",
-      "publishNotReadyAddresses": True,
-      "selector": {"jobset.sigs.k8s.io/jobset-name": name},
-      "ports": [{"name": "coordinator", "port": port}],
-    },
-  }
 
 
 def render(
@@ -260,8 +155,9 @@ def render(
       raise RenderError(f"port={port}: must be in [1, 65535]")
     o.args = main_args
     objects = _gpu_objects(o)
-  # The vendored schemas catch what the checks above do not (an env name the API rejects, a bad
-  # quantity): better here, with the field's path, than from the API server after `kubectl apply`.
+  # The schemas and the API server's rules (launch/k8s/schema.py) catch what the checks above do not (an
+  # unknown field, an env name the API rejects, a bad quantity): better here, with the field's path,
+  # than from the API server after `kubectl apply`.
   errors = [e for o in objects for e in schema.validate_object(o)]
   if errors:
     raise RenderError("the manifest would be invalid: " + "; ".join(errors))

@@ -1,0 +1,131 @@
+"""Builds the GPU variant of the JobSet (launch/k8s/render.py without --pathways): `replicas` pods of one
+indexed Job, one process each, joined by jax.distributed through pod 0; with the headless Service that
+names pod 0 and the NetworkPolicy that guards its coordinator port. render.render() checks the inputs,
+calls _gpu_objects and validates what it returns; render.py's docstring says what the manifest does.
+"""
+
+from types import SimpleNamespace
+
+from launch import gpu_flags
+from launch.k8s.common import (
+  CONTAINER,
+  JOBSET_API,
+  WORKER_JOB,
+  _check_hostname,
+  _env,
+  _main_container,
+  _user_error_policies,
+  _volumes,
+)
+
+# JAX's own Kubernetes auto-detection (jax/_src/clusters/k8s_cluster.py) uses this port; the same one
+# here means nothing surprises someone who knows that path.
+COORDINATOR_PORT = 55527
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+
+
+def _gpu_objects(o: SimpleNamespace) -> list[dict]:
+  _check_hostname(o.name, WORKER_JOB, 1, o.replicas)
+  coordinator = f"{o.name}-{WORKER_JOB}-0-0.{o.name}:{o.port}"
+  volumes, mounts = _volumes(o.workdir, o.pvc, o.mount_path, o.shm_size)
+  # XLA's GPU throughput flags (launch/gpu_flags.py), then an --env XLA_FLAGS of yours: later ones win.
+  xla_flags = []
+  if o.gpus_per_replica:
+    xla_flags = [_env("XLA_FLAGS", f"{gpu_flags.xla_flags()} {o.env.pop('XLA_FLAGS', '')}".strip())]
+  container = _main_container(
+    o,
+    [
+      # trainer/cluster/runtime.py joins the job from these three (jax.distributed.initialize with them).
+      _env("JAX_COORDINATOR_ADDRESS", coordinator),
+      _env("JAX_NUM_PROCESSES", str(o.replicas)),
+      _env("JAX_PROCESS_ID", field=COMPLETION_INDEX),
+      *xla_flags,
+    ],
+    mounts,
+    ports=[{"name": "coordinator", "containerPort": o.port}],
+    # An extended resource: the request defaults to the limit; GKE adds the GPU-node toleration itself.
+    **({"resources": {"limits": {"nvidia.com/gpu": o.gpus_per_replica}}} if o.gpus_per_replica else {}),
+  )
+  pod = {
+    # Never: a process restarted in place could not rejoin; the Job fails and the JobSet restarts all.
+    "restartPolicy": "Never",
+    "subdomain": o.name,  # JobSet sets it from spec.network too; written here so the manifest says it.
+    # SIGTERM (preemption, `kubectl delete`) makes the trainer agree on a step, save and exit.
+    "terminationGracePeriodSeconds": o.termination_grace_s,
+    "containers": [container],
+    "volumes": volumes,
+  }
+  if o.node_selector:
+    pod["nodeSelector"] = dict(o.node_selector)
+  pod_failure_policy, user_error_rule = _user_error_policies(CONTAINER, WORKER_JOB)
+  jobset = {
+    "apiVersion": JOBSET_API,
+    "kind": "JobSet",
+    "metadata": {"name": o.name, "namespace": o.namespace},
+    "spec": {
+      # Pods get DNS names <name>-worker-0-I.<name>, published before they are ready: process 0 must
+      # be reachable while every process is still starting.
+      "network": {"enableDNSHostnames": True, "subdomain": o.name, "publishNotReadyAddresses": True},
+      "failurePolicy": {"maxRestarts": o.max_restarts, "rules": [user_error_rule]},
+      "replicatedJobs": [
+        {
+          "name": WORKER_JOB,
+          "replicas": 1,  # One Job; its pods are the processes.
+          "template": {
+            "spec": {
+              "parallelism": o.replicas,  # All processes run at once: jax.distributed waits for every one.
+              "completions": o.replicas,
+              "completionMode": "Indexed",  # Pod I gets completion index I: its process id.
+              "backoffLimit": 0,
+              "podFailurePolicy": pod_failure_policy,
+              "template": {"spec": pod},
+            }
+          },
+        }
+      ],
+    },
+  }
+  objects = [jobset]
+  if o.network_policy:
+    objects.insert(0, _coordinator_policy(o.name, o.namespace, o.port))
+  if o.service:
+    # The JobSet controller creates this headless Service itself when it is missing; rendering it keeps
+    # the coordinator's DNS name visible in the manifest and works with JobSet versions that do not.
+    objects.insert(0, _headless_service(o.name, o.namespace, o.port))
+  return objects
+
+
+def _coordinator_policy(name: str, namespace: str, port: int) -> dict:
+  """Admits the coordinator port only from the job's own pods: JAX's coordination service has no
+  authentication, so anyone who reaches it could join or disturb the job. Every other port stays open
+  as without a policy (NCCL between the pods, a metrics scraper): one rule for the job's pods, one for
+  everyone that leaves out the coordinator's port. Needs a network plugin that enforces policies."""
+  pods = {"podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": name}}}
+  others = [{"port": lo, "endPort": hi} for lo, hi in ((1, port - 1), (port + 1, 65535)) if lo <= hi]
+  return {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "NetworkPolicy",
+    "metadata": {"name": f"{name}-coordinator", "namespace": namespace},
+    "spec": {
+      **pods,
+      "policyTypes": ["Ingress"],
+      "ingress": [
+        {"from": [pods]},
+        {"ports": [{"protocol": p, **r} for p in ("TCP", "UDP") for r in others]},
+      ],
+    },
+  }
+
+
+def _headless_service(name: str, namespace: str, port: int) -> dict:
+  return {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": name, "namespace": namespace},
+    "spec": {
+      "clusterIP": "None",
+      "publishNotReadyAddresses": True,
+      "selector": {"jobset.sigs.k8s.io/jobset-name": name},
+      "ports": [{"name": "coordinator", "port": port}],
+    },
+  }
