@@ -32,10 +32,12 @@ Splits: the last records form `eval` (eval_fraction of them, at least one when t
 the rest `train`, so the two never overlap. Shards are `SPLIT-00000-of-0000N.array_record`.
 The output is built in a sibling directory and renamed into place, so a crash never leaves a half
 written dataset that looks complete.
+
+Here: where the output goes, the steps in order, metadata.json and the command line. Reading the
+inputs is data/prepare_inputs.py; splitting and writing the shards, data/prepare_shards.py.
 """
 
 import glob
-import hashlib
 import json
 import math
 import os
@@ -46,6 +48,8 @@ import tempfile
 
 import numpy as np
 
+from data.prepare_inputs import read_documents, resolve_inputs
+from data.prepare_shards import SPLITS, split_sizes, valid_in_last, write_shards
 from data.tokenize_stream import tokenize_to_file
 from data.tokenizers import (
   BYTE_VOCAB_SIZE,
@@ -60,64 +64,15 @@ from data.tokenizers import (
 )
 from errors import UserError
 
-__all__ = ["BYTE_VOCAB_SIZE", "EOS_ID", "PAD_ID", "decode", "decode_documents", "prepare"]  # Re-exported.
+# Re-exported (SPLITS from data/prepare_shards.py): the readers of an output and the tests use these names.
+__all__ = ["BYTE_VOCAB_SIZE", "EOS_ID", "PAD_ID", "SPLITS", "decode", "decode_documents", "prepare"]
 
 VERSION = 1
-SPLITS = ("train", "eval")
 METADATA = "metadata.json"
-WRITER_OPTIONS = "group_size:1"  # One record per chunk: Grain reads records at random.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASETS_DIR = os.path.join(REPO_ROOT, "datasets")  # The default outputs' parent; in .gitignore.
 # Directories of the repository's code: an output there would sit beside the code in `git status`.
 CODE_DIRS = ("benchmarks", "configs", "data", "experiments", "launch", "model", "tests", "trainer")
-
-
-def _files_under(path: str) -> list[str]:
-  """A file itself; a directory's files, recursively, sorted."""
-  if not os.path.isdir(path):
-    return [path]
-  return sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names)
-
-
-def resolve_inputs(inputs: list[str]) -> list[str]:
-  """Files named by each entry (a path, a directory or a glob), in the order given, each file once."""
-  files = []
-  for pattern in inputs:
-    pattern = pattern.strip()
-    if not pattern:
-      continue
-    matched = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
-    matched = [f for m in matched for f in _files_under(m) if os.path.isfile(f)]
-    if not matched:
-      raise UserError(f"--input {pattern!r} matches no files")
-    files += [f for f in matched if f not in files]
-  if not files:
-    raise UserError("--input names no files; give a comma-separated list of text or .jsonl files or globs")
-  return files
-
-
-def read_documents(path: str, field: str = "text"):
-  """Yields (document bytes, where it came from) for each document of one file, empty ones included
-  (the caller counts them): the whole file, or each line's `field` of a .jsonl file."""
-  if not path.endswith(".jsonl"):
-    with open(path, "rb") as f:
-      yield f.read(), path
-    return
-  with open(path, "rb") as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{lineno}"
-      try:
-        row = json.loads(line)
-      except ValueError as e:
-        raise UserError(f"{where} is not valid JSON ({e})") from None
-      if not isinstance(row, dict) or not isinstance(row.get(field), str):
-        raise UserError(
-          f'{where} has no string {field!r} field; each .jsonl line must be {{"{field}": ...}} '
-          "(--jsonl_field names another)"
-        )
-      yield row[field].encode("utf-8"), where
 
 
 def default_output(inputs: list[str]) -> str:
@@ -161,40 +116,6 @@ def _check_output(output: str, overwrite: bool) -> None:
     raise UserError(
       f"--output={output} has no {METADATA}, so it is not a data.prepare output; choose another"
     )
-
-
-def split_sizes(num_records: int, eval_fraction: float) -> dict[str, int]:
-  num_eval = 0
-  if num_records >= 2 and eval_fraction > 0:
-    num_eval = min(num_records - 1, max(1, int(num_records * eval_fraction)))
-  return {"train": num_records - num_eval, "eval": num_eval}
-
-
-def shard_names(split: str, num_records: int, records_per_shard: int) -> list[str]:
-  n = math.ceil(num_records / records_per_shard)
-  return [f"{split}-{i:05d}-of-{n:05d}.array_record" for i in range(n)]
-
-
-def _write_shards(tokens: np.ndarray, pad_id: int, record_len: int, sizes, records_per_shard, directory):
-  """Writes every record in stream order; returns (shards per split, sha256 hex of all record bytes)."""
-  from array_record.python.array_record_module import ArrayRecordWriter
-
-  digest, shards, record = hashlib.sha256(), {}, 0
-  for split in SPLITS:
-    shards[split] = shard_names(split, sizes[split], records_per_shard)
-    end = record + sizes[split]
-    for name in shards[split]:
-      writer = ArrayRecordWriter(os.path.join(directory, name), WRITER_OPTIONS)
-      for _ in range(min(records_per_shard, end - record)):
-        row = np.full(record_len, pad_id, "<i4")
-        chunk = tokens[record * record_len : (record + 1) * record_len]
-        row[: len(chunk)] = chunk
-        data = row.tobytes()
-        digest.update(data)
-        writer.write(data)
-        record += 1
-      writer.close()
-  return shards, digest.hexdigest()
 
 
 def prepare(
@@ -260,7 +181,7 @@ def prepare(
     num_records = math.ceil(num_tokens / record_len)
     sizes = split_sizes(num_records, eval_fraction)
     tokens = np.memmap(raw, "<i4", mode="r", shape=(num_tokens,))
-    shards, fingerprint = _write_shards(tokens, tok.pad_id, record_len, sizes, records_per_shard, staging)
+    shards, fingerprint = write_shards(tokens, tok.pad_id, record_len, sizes, records_per_shard, staging)
     del tokens
     os.remove(raw)
     last_valid = num_tokens - (num_records - 1) * record_len  # Real tokens in the stream's last record.
@@ -279,7 +200,7 @@ def prepare(
       "skipped_documents": {"empty": stats["empty"], "not_text": stats["not_text"]},
       "num_tokens": num_tokens,
       "num_records": sizes,
-      "valid_tokens_in_last_record": _valid_in_last(sizes, record_len, last_valid),
+      "valid_tokens_in_last_record": valid_in_last(sizes, record_len, last_valid),
       "shards": shards,
       "fingerprint": fingerprint,
     }
@@ -300,12 +221,6 @@ def _bpe_vocab(spec: str) -> int:
   if kind != "bpe" or not size.isdigit():
     raise UserError(f"--train_tokenizer={spec!r}: use bpe:VOCAB, e.g. bpe:32768")
   return int(size)
-
-
-def _valid_in_last(sizes: dict[str, int], record_len: int, last_valid: int) -> dict[str, int]:
-  """Real (non-padding) tokens in each split's last record: only the stream's last record is short."""
-  last_split = "eval" if sizes["eval"] else "train"
-  return {s: 0 if not sizes[s] else last_valid if s == last_split else record_len for s in SPLITS}
 
 
 def _define_flags():
