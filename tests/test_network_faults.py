@@ -132,8 +132,11 @@ def test_a_partition_mid_step_is_named_by_each_process_and_a_restart_continues_b
 @pytest.mark.parametrize(
   "pause, landed, phase, kept",
   [
-    # Orbax's write of checkpoint 6 hangs in process 0: the link goes mid-save.
-    ("save=20@6/p0", r"\[p0\] pause: save", "checkpoint", ["2", "4"]),
+    # Orbax's write of checkpoint 6 hangs in process 0: the link goes mid-save. Orbax runs that write
+    # on the loop's thread or on its own, run by run: the loop is then saving at step 6, or has gone on
+    # to step 7 and waits there for process 1 (2 runs in 13 failed on "checkpoint" alone, before and
+    # after issue 23). Either way checkpoint 6 is never committed.
+    ("save=20@6/p0", r"\[p0\] pause: save", r"(checkpoint at step 6|(data|step) at step 7)", ["2", "4"]),
     # Process 1 is slow to build: process 0 waits for it at the start-up agreement (a barrier).
     ("startup=20/p1", r"\[p1\] pause: startup", "startup", []),
   ],
