@@ -38,8 +38,8 @@ CATEGORIES = (*dict.fromkeys(p.category for p in PHASES.values()), "lost_to_rest
 
 
 class Open:
-  """A phase being timed. The block may set `category` (a restore that found nothing is start-up),
-  `batch` (the global batch a step trained on, which decides its goodput category) or `step`."""
+  """A phase being timed. The block may set `category` (a restore that found nothing is start-up) or
+  `batch` (the global batch a step trained on, which decides its goodput category)."""
 
   def __init__(self, name: str, step: int, budget_s: float, since: float):
     self.name, self.step, self.budget_s = name, step, budget_s
@@ -51,7 +51,6 @@ class Clock:
   def __init__(self, watchdog, ledger, watchdog_config):
     self.watchdog, self.ledger = watchdog, ledger
     self.window = None  # The metrics window the loop has open (trainer/observe/metrics.py), if any.
-    self.totals = dict.fromkeys(PHASES, 0.0)  # Seconds per phase over the whole run.
     self._budgets = {name: getattr(watchdog_config, p.budget) for name, p in PHASES.items()}
     self._open: list[Open] = []
 
@@ -83,7 +82,6 @@ class Clock:
     frame.since = now
 
   def _close(self, frame: Open) -> None:
-    self.totals[frame.name] += frame.seconds
     if frame.name == "step":
       self.ledger.step(frame.step, frame.batch, frame.seconds)
     else:
