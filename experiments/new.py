@@ -48,10 +48,11 @@ def fork(name: str, source: str, config: str | None = None, repo: str = REPO) ->
   text = call.sub(f'base.get_config("{name}")', text)
   text = text.replace(config, new_config)
   text = re.sub(r"--workdir=runs/\w+", f"--workdir=runs/{name}", text)
-  # The first docstring line described the original; say where this one came from instead.
-  text = re.sub(
-    r'\A"""[^\n]*', f'"""{name}: forked from {config} and experiments/{source}; describe it here.', text
-  )
+  # The docstring described the original and held its measured figures: a recipe to fill in instead.
+  docstring = re.match(r'\A""".*?"""\n', text, re.S)
+  if docstring is None:
+    raise ValueError(f"{config} does not start with a docstring (its recipe): pass another config")
+  text = _recipe(name, config, source) + text[docstring.end() :]
   if os.path.isfile(module):
     shutil.copyfile(module, os.path.join(repo, targets[0]))
   else:
@@ -63,6 +64,20 @@ def fork(name: str, source: str, config: str | None = None, repo: str = REPO) ->
   with open(os.path.join(repo, new_config), "w") as f:
     f.write(text)
   return targets
+
+
+def _recipe(name: str, config: str, source: str) -> str:
+  """The new config's docstring: what the template's configs say, with nothing measured yet."""
+  return f'''"""{name}: forked from {config} and experiments/{source}.py; say here what it trains.
+
+Recipe:
+  python main.py --config=configs/{name}.py --workdir=runs/{name} --cpu_devices=8
+Hardware: (fill in: the devices and mesh it is meant for)
+Expect: (fill in once measured: how long it takes, and the final loss or metric it reaches)
+Arguments: `:tiny` shrinks it to a 2-step pulse; short arguments combine, e.g.
+`--config=configs/{name}.py:tiny,fsdp=8` (see trainer/config/assemble.py).
+"""
+'''
 
 
 def main(argv=None) -> int:

@@ -47,7 +47,9 @@ def test_an_experiment_is_named_by_module_or_path():
     os.path.join(REPO, "experiments/lm.py"),
   ):
     assert experiments.module_name(name) == "lm", name
-  with pytest.raises(UserError, match=r"no experiments/no_such_experiment.py \(available: lm, .*vit") as e:
+  with pytest.raises(
+    UserError, match=r"no experiments/no_such_experiment.py \(available: [^)]*\blm\b[^)]*\bvit\b"
+  ) as e:
     experiments.load("experiments/no_such_experiment.py")
   assert "new" not in str(e.value)  # The fork command is not an experiment.
   with pytest.raises(UserError, match="lives in experiments/"):

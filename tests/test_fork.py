@@ -52,6 +52,8 @@ def test_fork_trains_and_verifies_and_touches_nothing_else(tmp_path):
   with open(copy / "configs" / "mine.py") as f:
     text = f.read()
   assert 'base.get_config("mine")' in text and "--config=configs/mine.py" in text
+  # The ViT's measured figures stay with the ViT: the fork's recipe is to fill in.
+  assert "Expect: (fill in once measured" in text and "0.89" not in text and "measured)" not in text
 
   result = run(sys.executable, "-c", CHECK)
   assert result.returncode == 0, result.stdout + result.stderr
