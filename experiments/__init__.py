@@ -42,6 +42,14 @@ What the module provides:
       how the batch is split. `rng` is None in evaluation: be deterministic then.
 
 Optional:
+  COUPLES_EXAMPLES: bool
+      True when loss_sums couples the examples of the global batch it is given (a contrastive loss over
+      all pairs, batch statistics): its sum over a batch is then not the sum over its examples, so
+      --mode=verify reports `additivity` as SKIP (and checks the rest), and microbatches > 1 is an
+      error, since each microbatch would see only its own examples,
+  MICROBATCH_COUPLING: str
+      unless this says how the loss accumulates over microbatches (e.g. "negatives are drawn within
+      each microbatch"), which the experiment then accepts as its objective.
   example_batch(config) -> dict[str, np.ndarray]
       One row shaped and typed as make_batch's batches (zeros will do), from the config alone:
       --mode=inspect compiles the step from it without opening the data, so a cluster's data.path

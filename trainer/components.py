@@ -51,11 +51,26 @@ def load_experiment(config) -> ModuleType:
   return module
 
 
+def _check_coupling(experiment, config) -> None:
+  """A loss that couples the examples of a global batch (COUPLES_EXAMPLES) is another objective over
+  microbatches (each sees only its own examples), unless the experiment says how it accumulates."""
+  if config.microbatches > 1 and getattr(experiment, "COUPLES_EXAMPLES", False):
+    if not getattr(experiment, "MICROBATCH_COUPLING", ""):
+      name = experiments.module_name(config.experiment)
+      raise UserError(
+        f"microbatches={config.microbatches}: experiments/{name}.py declares COUPLES_EXAMPLES (its loss "
+        "couples the examples of the whole global batch), so each microbatch would see only its own and "
+        "the objective would change; set microbatches=1, or declare MICROBATCH_COUPLING saying how the "
+        "loss accumulates over microbatches"
+      )
+
+
 def build(config, devices=None, with_data: bool = True) -> Components:
   """`with_data=False`: no data sources or plans (for compiling from the experiment's example_batch)."""
   experiment = load_experiment(config)
   config_rules.check(config, assemble.declared(config.experiment))  # Every key against its rule.
   experiment.check_config(config)
+  _check_coupling(experiment, config)
   mesh = mesh_lib.make_mesh(config.mesh, devices)
   rules = sharding_lib.resolve_rules(config.sharding.strategy, config.sharding.rules, experiment.LOGICAL_AXES)
   dp = math.prod(mesh.shape[a] for a in sharding_lib.batch_axes(rules))
