@@ -34,7 +34,9 @@ What the module provides:
       Train and held-out random-access sources (`len()`, `[i]`, optionally Grain's batched
       `__getitems__`), a fingerprint of the records, an optional loss floor, and `make_batch`: how the
       records of a process's rows become arrays (see DataSources).
-  loss_sums(model, batch, rng) -> (loss_sum, count, {metric: sum})
+  loss_sums(model, batch, rng[, config]) -> (loss_sum, count, {metric: sum})
+      With a parameter named `config`, the trainer passes the run's config (a loss weight, say);
+      values the model holds can also travel as its attributes, set in build_model.
       Scalars summed over the valid elements of `batch` (weight > 0), never a mean: the trainer adds
       them over devices, processes and microbatches and divides once by the global count. `rng` is
       uint32[B, 2], one key per example of the batch (a function of seed, step and the example's row

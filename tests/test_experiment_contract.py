@@ -121,3 +121,17 @@ def test_a_missing_experiment_is_one_error_line(tmp_path):
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert result.returncode == 2 and len(errors) == 1, result.stderr
   assert "no experiments/no_such.py" in errors[0] and "Traceback" not in result.stderr
+
+
+def test_a_loss_sums_that_asks_for_the_config_is_given_it(tmp_path, monkeypatch):
+  real, seen = lm.loss_sums, []
+
+  def weighted(model, batch, rng, config):
+    seen.append(config.model.z_loss)
+    loss_sum, count, metrics = real(model, batch, rng)
+    return loss_sum * (1.0 + config.model.z_loss), count, metrics
+
+  monkeypatch.setattr(lm, "loss_sums", weighted)
+  summary = train(tiny_config(steps=1, **{"model.z_loss": 0.5}), str(tmp_path))
+  assert summary["final_step"] == 1 and seen and set(seen) == {0.5}
+

@@ -3,7 +3,9 @@ model definition and shardings. Mistakes in the config become UserErrors here, b
 
 import dataclasses
 import functools
+import inspect
 import math
+from collections.abc import Callable
 from types import ModuleType
 
 import optax
@@ -35,6 +37,7 @@ class Components:
   mdef: state_lib.ModelDef
   shardings: state_lib.TrainState  # NamedSharding per leaf.
   batch_sharding: NamedSharding
+  loss_sums: Callable  # The experiment's, with the config bound where it asks for one.
 
 
 def load_experiment(config) -> ModuleType:
@@ -49,6 +52,13 @@ def load_experiment(config) -> ModuleType:
       f"use a config whose get_config() calls base.get_config({name!r})"
     )
   return module
+
+
+def _with_config(loss_sums, config) -> Callable:
+  """loss_sums(model, batch, rng), given the config as `config=` when it has that parameter."""
+  if "config" in inspect.signature(loss_sums).parameters:
+    return functools.partial(loss_sums, config=config)
+  return loss_sums
 
 
 def _check_coupling(experiment, config) -> None:
@@ -98,6 +108,7 @@ def build(config, devices=None, with_data: bool = True) -> Components:
   except ValueError as e:
     raise UserError(str(e)) from None
   return Components(
+    loss_sums=_with_config(experiment.loss_sums, config),
     mesh=mesh,
     rules=rules,
     experiment=experiment,

@@ -58,7 +58,7 @@ def _split_microbatches(batch, m: int):
 def make_train_step(comp, microbatches: int, with_grads: bool = False):
   """jit(train_step) on comp's shardings; the state is donated. `with_grads` also returns the
   divided gradients (for --mode=verify)."""
-  loss_sums, mdef, tx, rules = comp.experiment.loss_sums, comp.mdef, comp.tx, comp.rules
+  loss_sums, mdef, tx, rules = comp.loss_sums, comp.mdef, comp.tx, comp.rules
   # [m, B/m, ...]: each microbatch is split over the batch axes like a whole batch.
   micro_sharding = NamedSharding(comp.mesh, P(None, *comp.batch_sharding.spec))
 
@@ -106,7 +106,7 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
 
 def make_eval_step(comp):
   """Returns sums and counts; the caller adds them over eval batches and divides once."""
-  loss_sums, mdef, rules = comp.experiment.loss_sums, comp.mdef, comp.rules
+  loss_sums, mdef, rules = comp.loss_sums, comp.mdef, comp.rules
 
   def eval_step(params, batch):
     with nnx.logical_axis_rules(rules):

@@ -103,7 +103,7 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   ref = jax.device_put(initial, single.shardings)
   step_mesh = make_train_step(sharded, m, with_grads=True)
   step_one = make_train_step(single, m, with_grads=True)
-  reference = objective_checks.Reference(sharded.experiment.loss_sums, single.mdef, one_device[0])
+  reference = objective_checks.Reference(sharded.loss_sums, single.mdef, one_device[0])
 
   console(
     f"verify: {device_label()} on mesh {dict(sharded.mesh.shape)}, strategy "
