@@ -134,4 +134,3 @@ def test_a_loss_sums_that_asks_for_the_config_is_given_it(tmp_path, monkeypatch)
   monkeypatch.setattr(lm, "loss_sums", weighted)
   summary = train(tiny_config(steps=1, **{"model.z_loss": 0.5}), str(tmp_path))
   assert summary["final_step"] == 1 and seen and set(seen) == {0.5}
-
