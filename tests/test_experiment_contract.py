@@ -134,3 +134,41 @@ def test_a_loss_sums_that_asks_for_the_config_is_given_it(tmp_path, monkeypatch)
   monkeypatch.setattr(lm, "loss_sums", weighted)
   summary = train(tiny_config(steps=1, **{"model.z_loss": 0.5}), str(tmp_path))
   assert summary["final_step"] == 1 and seen and set(seen) == {0.5}
+
+
+def test_a_variable_loss_sums_writes_in_training_is_an_error_naming_it_not_lost_silently(
+  tmp_path, monkeypatch
+):
+  """As nnx.BatchNorm's running statistics are written inside the forward pass: the write would be
+  dropped with the model after the step."""
+  from flax import nnx
+
+  real = lm.loss_sums
+
+  def updating(model, batch, rng):
+    model.seen = nnx.BatchStat(jnp.zeros(()))  # A statistic the model keeps, as BatchNorm's mean.
+    out = real(model, batch, rng)
+    model.seen.set_value(jnp.sum(batch["weights"]))  # Written in the forward pass, as BatchNorm does.
+    return out
+
+  monkeypatch.setattr(lm, "loss_sums", updating)
+  with pytest.raises(
+    UserError, match=r"loss_sums changed the model's variable seen \(BatchStat\) in training"
+  ):
+    train(tiny_config(steps=1), str(tmp_path))
+
+
+def test_a_batchnorm_in_training_mode_is_caught_and_one_using_its_running_average_is_not():
+  from flax import nnx
+
+  from trainer import step
+
+  for running, caught in ((False, True), (True, False)):
+    norm = nnx.BatchNorm(3, use_running_average=running, rngs=nnx.Rngs(0))
+    before = step._variables(norm)
+    norm(jnp.ones((4, 3)))
+    if caught:
+      with pytest.raises(UserError, match=r"variable mean \(BatchStat\), var \(BatchStat\)"):
+        step.check_nothing_lost(before, norm)
+    else:
+      step.check_nothing_lost(before, norm)

@@ -33,10 +33,38 @@ def loss_sums_checked(loss_sums, model, batch, rng):
   return out
 
 
+def _variables(model) -> dict:
+  """{path: (variable type, value)} of every variable the model holds beyond its parameters (nnx
+  transforms such as nnx.remat hand parameters back as new values: those are not updates)."""
+  return {
+    "/".join(map(str, path)): (type(v).__name__, v.get_value())
+    for path, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Param)))
+  }
+
+
+def check_nothing_lost(before: dict, model) -> None:
+  """While tracing: a variable loss_sums wrote (a BatchNorm's running statistics, an EMA kept in the
+  model) would be dropped with the model after the step, silently. The train state keeps only what
+  the optimizer updates, so it is an error."""
+  after = _variables(model)
+  changed = [
+    f"{p} ({kind})" for p, (kind, value) in after.items() if p not in before or before[p][1] is not value
+  ]
+  if changed:
+    raise UserError(
+      f"loss_sums changed the model's variable {', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''} "
+      "in training: the trainer keeps only what the optimizer updates, so the change would be lost after "
+      "the step; compute it from the batch instead of storing it (a BatchNorm: use_running_average=True)"
+    )
+
+
 def _sums_and_grads(loss_sums, mdef: ModelDef, params, batch, rng, rules):
   def f(p):
     with nnx.logical_axis_rules(rules):
-      loss_sum, count, metric_sums = loss_sums_checked(loss_sums, mdef.merge(p), batch, rng)
+      model = mdef.merge(p)
+      before = _variables(model)
+      loss_sum, count, metric_sums = loss_sums_checked(loss_sums, model, batch, rng)
+      check_nothing_lost(before, model)
     return loss_sum, (count, metric_sums)
 
   (loss_sum, (count, metric_sums)), grad_sums = jax.value_and_grad(f, has_aux=True)(params)
