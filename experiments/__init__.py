@@ -118,6 +118,17 @@ def available() -> list[str]:
   return names
 
 
+def _no_such(name: str) -> UserError:
+  return UserError(f"experiment={name!r}: no experiments/{name}.py (available: {', '.join(available())})")
+
+
+def microbatches_change_objective(module: ModuleType) -> bool:
+  """Whether splitting a global batch into microbatches would change the experiment's objective: its
+  loss couples the examples of the whole batch (COUPLES_EXAMPLES) and it says nothing of how that
+  loss accumulates over microbatches (MICROBATCH_COUPLING)."""
+  return bool(getattr(module, "COUPLES_EXAMPLES", False) and not getattr(module, "MICROBATCH_COUPLING", ""))
+
+
 def load_keys(name: str) -> ModuleType:
   """experiments/NAME_keys.py: the experiment's KEYS and TINY, without importing the experiment."""
   name = module_name(name)
@@ -127,9 +138,7 @@ def load_keys(name: str) -> ModuleType:
     if e.name not in (f"experiments.{name}_keys", f"experiments.{name}"):
       raise
     if not any(os.path.exists(os.path.join(_HERE, n)) for n in (f"{name}.py", f"{name}/__init__.py")):
-      raise UserError(
-        f"experiment={name!r}: no experiments/{name}.py (available: {', '.join(available())})"
-      ) from None
+      raise _no_such(name) from None
     raise UserError(
       f"experiments/{name}_keys.py is missing: an experiment's keys live there (KEYS and TINY, see "
       "experiments/__init__.py)"
@@ -148,9 +157,7 @@ def load(name: str) -> ModuleType:
   except ModuleNotFoundError as e:
     if e.name != f"experiments.{name}":
       raise
-    raise UserError(
-      f"experiment={name!r}: no experiments/{name}.py (available: {', '.join(available())})"
-    ) from None
+    raise _no_such(name) from None
   missing = [n for n in CONTRACT if not hasattr(module, n)]
   if missing:
     raise UserError(

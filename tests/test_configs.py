@@ -76,7 +76,7 @@ def test_every_experiment_passes_verify(experiment, path, tmp_path):
 
   cfg = _load(path, "tiny")
   module = experiments.load(experiment)
-  coupled = getattr(module, "COUPLES_EXAMPLES", False) and not getattr(module, "MICROBATCH_COUPLING", "")
-  cfg.microbatches = 1 if coupled else 2  # A loss coupling the whole batch refuses microbatches.
+  # A loss coupling the whole batch refuses microbatches.
+  cfg.microbatches = 1 if experiments.microbatches_change_objective(module) else 2
   assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (2, 2, 2)
   assert verify(cfg, str(tmp_path), steps=2), experiment

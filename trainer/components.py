@@ -64,15 +64,14 @@ def _with_config(loss_sums, config) -> Callable:
 def _check_coupling(experiment, config) -> None:
   """A loss that couples the examples of a global batch (COUPLES_EXAMPLES) is another objective over
   microbatches (each sees only its own examples), unless the experiment says how it accumulates."""
-  if config.microbatches > 1 and getattr(experiment, "COUPLES_EXAMPLES", False):
-    if not getattr(experiment, "MICROBATCH_COUPLING", ""):
-      name = experiments.module_name(config.experiment)
-      raise UserError(
-        f"microbatches={config.microbatches}: experiments/{name}.py declares COUPLES_EXAMPLES (its loss "
-        "couples the examples of the whole global batch), so each microbatch would see only its own and "
-        "the objective would change; set microbatches=1, or declare MICROBATCH_COUPLING saying how the "
-        "loss accumulates over microbatches"
-      )
+  if config.microbatches > 1 and experiments.microbatches_change_objective(experiment):
+    name = experiments.module_name(config.experiment)
+    raise UserError(
+      f"microbatches={config.microbatches}: experiments/{name}.py declares COUPLES_EXAMPLES (its loss "
+      "couples the examples of the whole global batch), so each microbatch would see only its own and "
+      "the objective would change; set microbatches=1, or declare MICROBATCH_COUPLING saying how the "
+      "loss accumulates over microbatches"
+    )
 
 
 def build(config, devices=None, with_data: bool = True) -> Components:

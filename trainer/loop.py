@@ -161,7 +161,7 @@ class Loop:
     row["batch"] = t  # The data position this step trained on: checkable after any restart.
     row.update(flops.fields(run.flops_per_step, row["step_time_s"], run.devices))
     row.update(
-      straggler.report(run.watchdog, self.window, step, self.config.straggler, self._stragglers_seen)
+      straggler.report(self.clock.watchdog, self.window, step, self.config.straggler, self._stragglers_seen)
     )
     run.log.write(row)
     for record in [process_row, *run.ckpt.drain()]:

@@ -31,8 +31,7 @@ class Run:
 
   config: object
   workdir: str
-  clock: Clock
-  watchdog: Watchdog
+  clock: Clock  # Its watchdog is the run's.
   comp: components.Components
   meta: dict
   ckpt: store.Checkpoints
@@ -82,7 +81,6 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
       config,
       workdir,
       clock,
-      clock.watchdog,
       comp,
       meta,
       ckpt=store.Checkpoints(workdir, c.keep, c.keep_every, c.replica_parallel),
