@@ -24,7 +24,7 @@ import jax
 
 from trainer.cluster import multihost
 
-_PERIOD_S = 1.0
+PERIOD_S = 1.0
 
 
 class Liveness:
@@ -70,7 +70,7 @@ class Liveness:
         self._client.key_value_set(f"liveness/{self.me}", mine, allow_overwrite=True)
         rows = self._client.key_value_dir_get("liveness/")
       except Exception:  # noqa: BLE001 - the service unreachable: judged by the contact's age.
-        time.sleep(_PERIOD_S)
+        time.sleep(PERIOD_S)
         continue
       now = time.time()
       with self._lock:
@@ -86,7 +86,7 @@ class Liveness:
           self._reports[peer] = row["report"] or None
           if self._seen.get(peer, (None,))[0] != row["count"]:
             self._seen[peer] = (row["count"], now)
-      time.sleep(_PERIOD_S)
+      time.sleep(PERIOD_S)
 
   def round_trip_s(self) -> float:
     """The mean round trip to the coordination service (on process 0's host) since the last call: a
