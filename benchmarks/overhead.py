@@ -53,7 +53,7 @@ def bare_step_time(config, steps: int) -> float:
 
   def loss(params, batch):
     with nnx.logical_axis_rules(comp.rules):  # The model's own activation constraints, as in training.
-      total, count, _ = loss_sums(comp.mdef.merge(params), batch, None)  # No dropout keys: LM only.
+      total, count, _ = loss_sums(comp.mdef.merge(params, {}), batch, None)  # LM: no variables or dropout.
     return total / jnp.maximum(count, 1.0)
 
   def step(params, opt_state, batch):

@@ -29,7 +29,12 @@ What the module provides:
       Raises errors.UserError for values of the experiment's keys that do not go together (one line,
       naming the keys), before anything is compiled. Each key's own rule is checked before it.
   build_model(config, rngs: nnx.Rngs) -> nnx.Module
-      Parameters carry logical axis names (`nnx.Param(..., out_sharding=("embed", "mlp"))`).
+      Parameters carry logical axis names (`nnx.Param(..., out_sharding=("embed", "mlp"))`). Everything
+      else the model holds (nnx.BatchStat, a variable type of its own, an array attribute) is state
+      beyond parameters: kept apart from the params (no gradient, optimizer moments or weight decay),
+      saved, restored, resharded and handed to evaluation; what loss_sums writes to it in training is
+      kept, microbatch after microbatch in order. Create every such variable here, with its final
+      shape and dtype: one loss_sums creates or reshapes is an error naming it.
   data_sources(config) -> data.sources.DataSources
       Train and held-out random-access sources (`len()`, `[i]`, optionally Grain's batched
       `__getitems__`), a fingerprint of the records, an optional loss floor, and `make_batch`: how the
@@ -52,6 +57,10 @@ Optional:
   MICROBATCH_COUPLING: str
       unless this says how the loss accumulates over microbatches (e.g. "negatives are drawn within
       each microbatch"), which the experiment then accepts as its objective.
+  eval_weights(params, variables, ema) -> {name: (params, variables)}
+      Which weights and variables evaluation scores, by name: set "" gives eval_loss, set "ema"
+      eval_ema_loss, and so on for the metrics. Default: {"": (params, variables)}, plus
+      {"ema": (ema, variables)} when ema.decay > 0 (`ema` is {} otherwise).
   example_batch(config) -> dict[str, np.ndarray]
       One row shaped and typed as make_batch's batches (zeros will do), from the config alone:
       --mode=inspect compiles the step from it without opening the data, so a cluster's data.path
@@ -69,8 +78,9 @@ What the trainer guarantees:
     (arrays of any rank, split along their first dimension).
   - loss_sum / count is the objective of the whole global batch: the gradient is that of the summed
     loss divided once by the global count; a globally empty batch is refused before it runs.
-  - Checked, not assumed: a missing name, a batch without zero `weights` on padding rows, and a
-    loss_sums that does not return (scalar, scalar, {name: scalar}) end in one `error:` line.
+  - Checked, not assumed: a missing name, a batch without zero `weights` on padding rows, a
+    loss_sums that does not return (scalar, scalar, {name: scalar}), and a variable write the train
+    state could not keep end in one `error:` line.
 """
 
 import importlib

@@ -9,6 +9,7 @@ restarts) uses it, and launch/slurm/train.sbatch and the rendered Kubernetes Job
   4        a device computed wrong (replicas differ,   never restart: take the host out first
            or the recomputed step)
   5        out of memory (restoring, saving, reading)  never restart as is: give it more memory first
+  6        XLA partitioned the step wrongly            never restart as is: another mesh or rules
   130/143  interrupted by SIGINT/SIGTERM at start-up    the scheduler's call (a preemption: restart)
   other    a crash, a lost peer, a kill                restart
 """
@@ -24,8 +25,9 @@ EXIT_CODES = {
   3: "transient: the watchdog, a lost peer, an I/O error, a full disk or a timeout",
   4: "a device computed wrong (replicas or the recomputed step differ): take its host out before resuming",
   5: "out of memory: more devices or a finer split, then rerun",
+  6: "XLA partitioned the step wrongly (the first-step check): another mesh or sharding.rules, then rerun",
 }
-NEVER_RESTART = (0, 2, 4, 5)
+NEVER_RESTART = (0, 2, 4, 5, 6)
 
 
 def cause(code: int) -> str:

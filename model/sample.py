@@ -41,8 +41,9 @@ def generate(logits_of, prompt, new_tokens: int, temperature: float, key, vocab_
   return jax.lax.fori_loop(p, total, body, (tokens, key))[0]
 
 
-def sampler(workdir: str, step: int | None = None):
-  """(run, fn(prompt, key, new_tokens, temperature) -> tokens, tokenizer or None) for a trained LM."""
+def sampler(workdir: str, step: int | None = None, ema: bool = False):
+  """(run, fn(prompt, key, new_tokens, temperature) -> tokens, tokenizer or None) for a trained LM;
+  `ema`: with the params' moving average."""
   from trainer import components
   from trainer import state as state_lib
   from trainer.checkpoint.read import load
@@ -58,13 +59,13 @@ def sampler(workdir: str, step: int | None = None):
     metadata = arrayrecord.load_metadata(config.data.path)
     tokenizer = tokenizers.for_dataset(metadata, config.data.path)
     vocab, banned = metadata["vocab_size"], (metadata["pad_id"],)
-  params = jax.device_put(run.params, jax.local_devices()[0])
+  weights = jax.device_put((run.weights(ema), run.variables), jax.local_devices()[0])
 
   @functools.partial(jax.jit, static_argnums=(3, 4))
-  def sample(params, prompt, key, new_tokens: int, temperature: float):
-    return generate(mdef.merge(params), prompt, new_tokens, temperature, key, vocab, banned)
+  def sample(weights, prompt, key, new_tokens: int, temperature: float):
+    return generate(mdef.merge(*weights), prompt, new_tokens, temperature, key, vocab, banned)
 
-  return run, functools.partial(sample, params), tokenizer
+  return run, functools.partial(sample, weights), tokenizer
 
 
 def main(argv=None) -> None:
@@ -80,11 +81,12 @@ def main(argv=None) -> None:
   parser.add_argument("--samples", type=int, default=1)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--step", type=int, default=None, help="checkpoint (default: the newest)")
+  parser.add_argument("--ema", action="store_true", help="sample with the params' moving average")
   args = parser.parse_args(argv)
   try:
     if args.tokens < 1 or args.samples < 1 or args.temperature < 0:
       raise UserError("--tokens and --samples must be >= 1 and --temperature >= 0")
-    run, fn, tokenizer = sampler(args.workdir, args.step)
+    run, fn, tokenizer = sampler(args.workdir, args.step, args.ema)
     if tokenizer is None:
       try:
         ids = [int(x) for x in args.prompt.split(",") if x.strip()]

@@ -38,6 +38,7 @@ class Components:
   shardings: state_lib.TrainState  # NamedSharding per leaf.
   batch_sharding: NamedSharding
   loss_sums: Callable  # The experiment's, with the config bound where it asks for one.
+  ema_decay: float  # 0: no average of the params.
 
 
 def load_experiment(config) -> ModuleType:
@@ -103,11 +104,13 @@ def build(config, devices=None, with_data: bool = True) -> Components:
   tx, schedule = make_optimizer(config.optimizer, config.steps, mdef.logical_specs)
   try:
     s = config.sharding
-    shardings = state_lib.state_shardings(mdef, tx, mesh, rules, s.strategy, s.fsdp_min_size)
+    ema = config.ema.decay > 0
+    shardings = state_lib.state_shardings(mdef, tx, mesh, rules, s.strategy, s.fsdp_min_size, ema)
   except ValueError as e:
     raise UserError(str(e)) from None
   return Components(
     loss_sums=_with_config(experiment.loss_sums, config),
+    ema_decay=config.ema.decay,
     mesh=mesh,
     rules=rules,
     experiment=experiment,

@@ -15,25 +15,39 @@ from trainer.observe.metrics import console, device_label, eval_line
 from trainer.step import make_eval_step
 
 
-def evaluate(comp: components.Components, eval_step, params, config) -> dict:
-  """Held-out loss over up to `eval_steps` batches: sums and counts added up, divided once. Never
-  wraps around: when the held-out set is smaller, each of its examples counts once."""
+def weight_sets(experiment, state) -> dict[str, tuple]:
+  """{name: (params, variables)} that evaluation scores: the experiment's eval_weights, else the params
+  and, with ema.decay > 0, their average ("ema"), each with the variables training left."""
+  choose = getattr(experiment, "eval_weights", None)
+  if choose is not None:
+    return choose(state.params, state.variables, state.ema)
+  sets = {"": (state.params, state.variables)}
+  return sets | ({"ema": (state.ema, state.variables)} if state.ema else {})
+
+
+def evaluate(comp: components.Components, eval_step, state, config) -> dict:
+  """Held-out loss over up to `eval_steps` batches, for each weight set: sums and counts added up,
+  divided once (eval_loss, and eval_ema_loss for the set "ema"). Never wraps around: when the
+  held-out set is smaller, each of its examples counts once."""
   local = components.local_batches(comp, "eval")
   batches = min(config.eval_steps, comp.eval_plan.batches_per_epoch)
-  totals = None
+  sets = weight_sets(comp.experiment, state)
+  totals = dict.fromkeys(sets)
   for t in range(batches):
     batch = pipeline.to_global(local(t), comp.batch_sharding, comp.plan.global_batch_size)
-    with jax.set_mesh(comp.mesh):
-      sums = eval_step(params, batch)
-    totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
-  totals = jax.device_get(totals)
-  count = float(totals.pop("count"))
-  if count == 0:
-    raise UserError(f"the held-out data has no valid elements in its first {batches} batches (all weights 0)")
-  return {
-    **{f"eval_{k}": float(v) / count for k, v in totals.items()},
-    "eval_examples": comp.eval_plan.examples_before(batches),
-  }
+    for name, (params, variables) in sets.items():
+      with jax.set_mesh(comp.mesh):
+        sums = eval_step(params, variables, batch)
+      totals[name] = sums if totals[name] is None else jax.tree.map(np.add, totals[name], sums)
+  row = {}
+  for name, sums in jax.device_get(totals).items():
+    count = float(sums.pop("count"))
+    if count == 0:
+      raise UserError(
+        f"the held-out data has no valid elements in its first {batches} batches (all weights 0)"
+      )
+    row.update({f"eval_{name + '_' if name else ''}{k}": float(v) / count for k, v in sums.items()})
+  return row | {"eval_examples": comp.eval_plan.examples_before(batches)}
 
 
 def evaluate_checkpoint(config, workdir: str) -> dict:
@@ -56,7 +70,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict:
     watchdog.beat("eval", restored.step, w.compile_timeout_s + w.step_timeout_s)  # Compiles, then runs.
     row = {
       "step": restored.step,
-      **evaluate(comp, make_eval_step(comp), restored.state.params, config),
+      **evaluate(comp, make_eval_step(comp), restored.state, config),
       "devices": device_label(),
     }
   finally:

@@ -175,7 +175,7 @@ class Loop:
     """Evaluates and logs at step `at`; the first evaluation compiles the evaluation step."""
     w = self.config.watchdog
     with self.clock.phase("eval", at, w.step_timeout_s if self._eval_compiled else w.compile_timeout_s):
-      row = evaluate(self.run.comp, self.run.eval_step, self.state.params, self.config)
+      row = evaluate(self.run.comp, self.run.eval_step, self.state, self.config)
     self._eval_compiled = True
     self.run.log.write({"step": at, "time": time.time(), **row})
     return row

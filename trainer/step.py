@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from errors import UserError
+from trainer import state as state_lib
 from trainer.state import ModelDef, TrainState
 
 
@@ -33,42 +34,47 @@ def loss_sums_checked(loss_sums, model, batch, rng):
   return out
 
 
-def _variables(model) -> dict:
-  """{path: (variable type, value)} of every variable the model holds beyond its parameters (nnx
-  transforms such as nnx.remat hand parameters back as new values: those are not updates)."""
-  return {
-    "/".join(map(str, path)): (type(v).__name__, v.get_value())
-    for path, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Param)))
-  }
+class StateLost(UserError):
+  """A variable loss_sums wrote in training that the train state cannot keep."""
 
 
-def check_nothing_lost(before: dict, model) -> None:
-  """While tracing: a variable loss_sums wrote (a BatchNorm's running statistics, an EMA kept in the
-  model) would be dropped with the model after the step, silently. The train state keeps only what
-  the optimizer updates, so it is an error."""
-  after = _variables(model)
-  changed = [
-    f"{p} ({kind})" for p, (kind, value) in after.items() if p not in before or before[p][1] is not value
-  ]
-  if changed:
-    raise UserError(
-      f"loss_sums changed the model's variable {', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''} "
-      "in training: the trainer keeps only what the optimizer updates, so the change would be lost after "
-      "the step; compute it from the batch instead of storing it (a BatchNorm: use_running_average=True)"
+def kept_variables(model, before: dict) -> dict:
+  """While tracing: the model's variables after loss_sums ran, to be kept in the train state. One it
+  created, or whose shape or dtype it changed, has no place there: an error naming it, never a silent
+  drop."""
+  after = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+  was = {"/".join(state_lib.path_keys(p)): x for p, x in jax.tree_util.tree_flatten_with_path(before)[0]}
+  bad = []
+  for path, x in jax.tree_util.tree_flatten_with_path(after)[0]:
+    name = "/".join(state_lib.path_keys(path))
+    old = was.get(name)
+    if old is None:
+      bad.append(f"{name} (created in loss_sums: create it in build_model, or do not store it)")
+    elif (jnp.shape(x), jnp.result_type(x)) != (jnp.shape(old), jnp.result_type(old)):
+      shaped = lambda v: f"{jnp.result_type(v)}{list(jnp.shape(v))}"
+      bad.append(f"{name} (now {shaped(x)}, built {shaped(old)})")
+  if bad or jax.tree.structure(after) != jax.tree.structure(before):
+    bad = bad or ["a variable of the built model is gone"]
+    raise StateLost(
+      f"loss_sums changed the model's variable {'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} in "
+      "training: the train state keeps the variables the model was built with, as they were built, so "
+      "the change would be lost after the step"
     )
+  return after
 
 
-def _sums_and_grads(loss_sums, mdef: ModelDef, params, batch, rng, rules):
+def _sums_and_grads(loss_sums, mdef: ModelDef, params, variables, batch, rng, rules):
+  """(loss_sum, count, metric sums, gradient sums, the variables as the forward pass left them)."""
+
   def f(p):
     with nnx.logical_axis_rules(rules):
-      model = mdef.merge(p)
-      before = _variables(model)
+      model = mdef.merge(p, variables)
       loss_sum, count, metric_sums = loss_sums_checked(loss_sums, model, batch, rng)
-      check_nothing_lost(before, model)
-    return loss_sum, (count, metric_sums)
+      written = kept_variables(model, variables)
+    return loss_sum, (count, metric_sums, written)
 
-  (loss_sum, (count, metric_sums)), grad_sums = jax.value_and_grad(f, has_aux=True)(params)
-  return loss_sum, count, metric_sums, grad_sums
+  (loss_sum, (count, metric_sums, written)), grad_sums = jax.value_and_grad(f, has_aux=True)(params)
+  return loss_sum, count, metric_sums, grad_sums, jax.lax.stop_gradient(written)
 
 
 def example_keys(base_key, step, batch_size: int):
@@ -85,29 +91,42 @@ def _split_microbatches(batch, m: int):
 
 def make_train_step(comp, microbatches: int, with_grads: bool = False):
   """jit(train_step) on comp's shardings; the state is donated. `with_grads` also returns the
-  divided gradients (for --mode=verify)."""
-  loss_sums, mdef, tx, rules = comp.loss_sums, comp.mdef, comp.tx, comp.rules
+  divided gradients (for --mode=verify).
+
+  The variables (BatchNorm's running statistics, say) go through the microbatches in order: each
+  microbatch's forward pass starts from what the one before it left, as consecutive steps would."""
+  loss_sums, mdef, tx, rules, decay = comp.loss_sums, comp.mdef, comp.tx, comp.rules, comp.ema_decay
   # [m, B/m, ...]: each microbatch is split over the batch axes like a whole batch.
   micro_sharding = NamedSharding(comp.mesh, P(None, *comp.batch_sharding.spec))
 
   def train_step(state: TrainState, batch):
     b = jax.tree.leaves(batch)[0].shape[0]
     rng = jax.lax.with_sharding_constraint(example_keys(state.rng, state.step, b), comp.batch_sharding)
-    grads_of = lambda mb, r: _sums_and_grads(loss_sums, mdef, state.params, mb, r, rules)
+    grads_of = lambda v, mb, r: _sums_and_grads(loss_sums, mdef, state.params, v, mb, r, rules)
     if microbatches == 1:
-      loss_sum, count, metric_sums, grad_sums = grads_of(batch, rng)
+      loss_sum, count, metric_sums, grad_sums, variables = grads_of(state.variables, batch, rng)
     else:
       micro = jax.lax.with_sharding_constraint(
         _split_microbatches((batch, rng), microbatches), micro_sharding
       )
       first = jax.tree.map(lambda x: x[0], micro)
-      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(grads_of, *first))
-      add = lambda carry, mb: (jax.tree.map(jnp.add, carry, grads_of(*mb)), None)
-      (loss_sum, count, metric_sums, grad_sums), _ = jax.lax.scan(add, zeros, micro)
+      sums = jax.eval_shape(grads_of, state.variables, *first)[:4]
+      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums)
+
+      def add(carry, mb):
+        *out, variables = grads_of(carry[1], *mb)
+        return (jax.tree.map(jnp.add, carry[0], tuple(out)), variables), None
+
+      ((loss_sum, count, metric_sums, grad_sums), variables), _ = jax.lax.scan(
+        add, (zeros, state.variables), micro
+      )
     # Divide once, by the global count (the host has rejected a globally empty batch).
     grads = jax.tree.map(lambda g: g / count, grad_sums)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    # Not debiased: the average starts at the initial params (trainer/state.py).
+    average = lambda e, p: decay * e + (1 - decay) * p.astype(e.dtype)
+    ema = jax.tree.map(average, state.ema, params) if state.ema else {}
     grad_norm = optax.tree.norm(grads)
     metrics = {
       "loss": loss_sum / count,
@@ -121,7 +140,9 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
     }
     if with_grads:
       metrics["grads"] = grads
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    new_state = state.replace(
+      step=state.step + 1, params=params, variables=variables, opt_state=opt_state, ema=ema
+    )
     return new_state, metrics
 
   return jax.jit(
@@ -136,9 +157,11 @@ def make_eval_step(comp):
   """Returns sums and counts; the caller adds them over eval batches and divides once."""
   loss_sums, mdef, rules = comp.loss_sums, comp.mdef, comp.rules
 
-  def eval_step(params, batch):
+  def eval_step(params, variables, batch):
     with nnx.logical_axis_rules(rules):
-      loss_sum, count, metric_sums = loss_sums_checked(loss_sums, mdef.merge(params), batch, None)
+      model = mdef.merge(params, variables)
+      loss_sum, count, metric_sums = loss_sums_checked(loss_sums, model, batch, None)
     return {"loss": loss_sum, "count": count, **metric_sums}
 
-  return jax.jit(eval_step, in_shardings=(comp.shardings.params, comp.batch_sharding))
+  sh = comp.shardings
+  return jax.jit(eval_step, in_shardings=(sh.params, sh.variables, comp.batch_sharding))

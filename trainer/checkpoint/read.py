@@ -1,4 +1,5 @@
-"""Open a run's checkpoint anywhere: its params (and optimizer state) as numpy arrays, with its config.
+"""Open a run's checkpoint anywhere: its params, variables, EMA (and optimizer state) as numpy arrays,
+with its config.
 
 In a notebook, on whatever devices are present (one CPU is enough):
 
@@ -6,6 +7,7 @@ In a notebook, on whatever devices are present (one CPU is enough):
   run = load("runs/smoke")            # The newest checkpoint; step=N for another.
   run.params["layers"]["attn"]["wq"]  # Plain numpy arrays, nested as the model names them.
   run.config.model.embed_dim          # The config the run was trained with.
+  run.variables, run.ema              # The model's other variables; the params' average ({}: none).
 
 A checkpoint saved on any mesh or device count restores here onto this process's first device (Orbax
 needs a target for that: it is built from the saved config, so nothing about the run's topology is
@@ -20,22 +22,29 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
-from flax import nnx
 from jax.sharding import SingleDeviceSharding
 
 from errors import UserError
 from trainer import components, rundir
 from trainer import state as state_lib
-from trainer.checkpoint import store
+from trainer.checkpoint import store, tree
 from trainer.config import assemble
 from trainer.optimizer import make_optimizer
 
 
 class Loaded(NamedTuple):
   params: dict  # Nested dict of numpy arrays.
+  variables: dict  # The model's other variables (trainer/state.py), {} for none.
+  ema: dict  # The params' moving average, {} when ema.decay was 0.
   opt_state: Any  # The optax state as numpy arrays (with_optimizer=True), else None.
   config: ml_collections.ConfigDict  # The config the checkpoint was trained with.
   step: int
+
+  def weights(self, ema: bool = False) -> dict:
+    """The params, or (`ema`) their moving average: what export and sampling take."""
+    if ema and not self.ema:
+      raise UserError(f"checkpoint {self.step} has no average of the params: it was trained with ema.decay=0")
+    return self.ema if ema else self.params
 
 
 def _config_from_json(saved: dict) -> ml_collections.ConfigDict:
@@ -70,7 +79,8 @@ def load(workdir: str, step: int | None = None, with_optimizer: bool = False) ->
       state, config, step = _restore(manager, workdir, step)
   finally:
     logging.set_verbosity(verbosity)
-  return Loaded(state.params, state.opt_state if with_optimizer else None, config, step)
+  opt_state = state.opt_state if with_optimizer else None
+  return Loaded(state.params, state.variables, state.ema, opt_state, config, step)
 
 
 def _restore(manager, workdir: str, step: int | None):
@@ -85,12 +95,22 @@ def _restore(manager, workdir: str, step: int | None):
   mdef = state_lib.model_def(functools.partial(experiment.build_model, config))
   tx, _ = make_optimizer(config.optimizer, config.steps, mdef.logical_specs)
   here = SingleDeviceSharding(jax.local_devices()[0])
-  target = state_lib.abstract_state(jax.tree.map(lambda _: here, _shapes(mdef, tx)), mdef, tx)
+  shardings = jax.tree.map(lambda _: here, _shapes(mdef, tx, config.ema.decay > 0))
+  target, complete = tree.restore_target(
+    step, manager.item_metadata(step)["state"], state_lib.abstract_state(shardings, mdef, tx)
+  )
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-  return jax.device_get(restored["state"]), config, step
+  return jax.device_get(complete(restored["state"])), config, step
 
 
-def _shapes(mdef, tx) -> state_lib.TrainState:
+def _shapes(mdef, tx, ema: bool) -> state_lib.TrainState:
   """A TrainState of placeholders, one per leaf: the tree abstract_state maps shardings over."""
-  params = nnx.to_pure_dict(mdef.abstract_state)
-  return state_lib.TrainState(step=0, params=params, opt_state=jax.eval_shape(tx.init, params), rng=0)
+  params = mdef.params
+  return state_lib.TrainState(
+    step=0,
+    params=params,
+    variables=mdef.variables,
+    opt_state=jax.eval_shape(tx.init, params),
+    ema=params if ema else {},
+    rng=0,
+  )

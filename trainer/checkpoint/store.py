@@ -19,10 +19,10 @@ from absl import logging
 
 from errors import UserError, require_keys
 from trainer import rundir
-from trainer.checkpoint import device_memory
+from trainer.checkpoint import device_memory, tree
 from trainer.checkpoint import proof as proof_lib
 from trainer.cluster import failures, multihost
-from trainer.state import TrainState, path_keys
+from trainer.state import TrainState
 
 DATA_POSITION_VERSION = 2
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -109,13 +109,6 @@ def run_metadata(comp, config) -> dict:
   }
 
 
-def _paths_and_shapes(tree) -> dict[str, tuple]:
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    out["/".join(path_keys(path))] = tuple(leaf.shape)
-  return out
-
-
 _LOWER_MEMORY = "give it more devices or split it further (mesh.fsdp, sharding.strategy=fsdp), then run again"
 
 
@@ -185,7 +178,7 @@ class Checkpoints:
       why = short or "it does not fit on another process's devices"
       raise proof_lib.RestoreFailed(f"{where}: {why}; {_LOWER_MEMORY}", failures.RESOURCES_EXIT)
     for step in steps:
-      self._check_shapes(step, target)
+      step_target, complete = tree.restore_target(step, self._saved_tree(step), target)
       step_dir = os.path.join(self.directory, str(step))
       proof, error = False, None
       try:  # Each process reads its share of the files.
@@ -200,13 +193,13 @@ class Checkpoints:
         try:
           restored = self.manager.restore(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()),
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(step_target), data=ocp.args.JsonRestore()),
           )
         except Exception as e:  # noqa: BLE001 - judged below, with every process's view.
           error = e
       # Each process reads its own shards: all fall back, or all stop, together.
       if multihost.all_agree(f"restore_{step}", error is None, timeout_s=600):
-        return Restored(restored["state"], restored["data"], step)
+        return Restored(complete(restored["state"]), restored["data"], step)
       kind = failures.failure_kind(error) if error is not None else None
       maybe_damage = kind is None and proof is not True
       if multihost.all_agree(f"damage_{step}", maybe_damage, timeout_s=600):
@@ -242,28 +235,11 @@ class Checkpoints:
     """The config checkpoint `step` was trained with (as JSON)."""
     return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
-  def _check_shapes(self, step: int, target: TrainState) -> None:
+  def _saved_tree(self, step: int):
     try:
-      saved = _paths_and_shapes(self.manager.item_metadata(step)["state"])
+      return self.manager.item_metadata(step)["state"]
     except Exception:  # noqa: BLE001 - unreadable metadata: restore fails and falls back.
-      return
-    wanted = _paths_and_shapes(target)
-    params = lambda paths: {p[len("params/") :] for p in paths if p.startswith("params/")}
-    for name in sorted(params(wanted) & params(saved)):
-      if saved["params/" + name] != wanted["params/" + name]:
-        raise UserError(
-          f"checkpoint {step}: parameter {name} has shape {saved['params/' + name]} but the model "
-          f"now has {wanted['params/' + name]}; restore the model config or use a new --workdir"
-        )
-    for what, names in (
-      ("has no parameter", params(wanted) - params(saved)),
-      ("has a parameter", params(saved) - params(wanted)),
-    ):
-      if saved and names:
-        hint = "the model has none by that name" if what == "has a parameter" else "the model needs it"
-        raise UserError(
-          f"checkpoint {step} {what} {min(names)} ({hint}); restore the model config or use a new --workdir"
-        )
+      return None
 
   def _skip(self, step: int, error: Exception | str | None, set_aside: bool) -> None:
     if isinstance(error, Exception):

@@ -4,6 +4,8 @@ the launchers (launch/restart_policy.py, the SLURM script, the JobSet's podFailu
   user error            2  never restart: it would fail the same way
   transient environment 3  restart: I/O errors, a full disk, a lost peer, the watchdog
   resources             5  restart only after a change (out of memory): launchers do not loop on it
+  miscompiled           6  never restart as is: XLA partitioned the step wrongly (the first-step check);
+                           another mesh or sharding.rules, or another XLA
 """
 
 import errno
@@ -15,7 +17,7 @@ from trainer import rundir
 
 # Exit codes (launch/restart_policy.py): a restart helps after a transient fault; after running out of
 # memory only once something changed (fewer per-device bytes, more devices), so launchers do not loop.
-USER_EXIT, TRANSIENT_EXIT, RESOURCES_EXIT = 2, 3, 5
+USER_EXIT, TRANSIENT_EXIT, RESOURCES_EXIT, MISCOMPILED_EXIT = 2, 3, 5, 6
 _ENVIRONMENT_ERRNOS = {
   errno.EIO,
   errno.EACCES,

@@ -61,7 +61,8 @@ def _program(mesh, specs: tuple):
 
 
 def named_leaves(state) -> list[tuple[str, jax.Array]]:
-  tree = {"params": state.params, "opt_state": state.opt_state}
+  tree = {"params": state.params, "variables": state.variables, "opt_state": state.opt_state}
+  tree["ema"] = state.ema
   return [
     ("/".join(state_lib.path_keys(p)), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
   ]

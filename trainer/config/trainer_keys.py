@@ -43,6 +43,14 @@ KEYS = {
     0, whole(0), keys.FREE, "Evaluate on the held-out split every N steps (0: only at the end)."
   ),
   "eval_steps": Key(2, whole(0), keys.FREE, "Batches per evaluation."),
+  "ema.decay": Key(
+    0.0,
+    real(0.0, 1.0, high_open=True),
+    keys.changes("the average weighs the steps after this one differently"),
+    "Keep an exponential moving average of the params (ema = decay * ema + (1 - decay) * params after "
+    "every step, from the initial params, not debiased), evaluated beside them; 0: none. Turning it on "
+    "or off needs a new --workdir: the checkpoint holds the average or not.",
+  ),
   "compilation_cache": Key(
     "",
     text,
@@ -188,6 +196,15 @@ KEYS = {
     "batch with each shard on another device of the same process, and compare bit for bit "
     "(trainer/cluster/recompute.py): what catches a device computing wrong where nothing is replicated "
     "(pure FSDP). Costs one more step and a copy of the state on the checked steps. 0: never.",
+  ),
+  "checks.first_step": Key(
+    False,
+    boolean,
+    keys.FREE,
+    "Before a run's first step, and after a restore onto another mesh, compute the first batch's "
+    "gradients on the real devices with the configured partitioning and with another that fits "
+    "(data-parallel, or pure FSDP), and stop with exit 5 if they disagree: XLA partitioned the step "
+    "wrongly (trainer/cluster/first_step.py). Costs a compile and a step of each.",
   ),
   # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in
   # WORKDIR/profile/process_I (TensorBoard's profile plugin, or Perfetto), read back into each

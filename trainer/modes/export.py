@@ -3,9 +3,11 @@ uses directly: `from trainer.checkpoint.read import load`). From the shell:
 
   python -m trainer.modes.export --workdir=runs/smoke [--step=N] --out=smoke.safetensors
 
-writes every parameter under its tree path ('blocks/0/attn/wq') with the config and step as the file's
-metadata; `safetensors.numpy.load_file` reads it back. Any mesh or device count the checkpoint was
-saved on restores onto this process's first device.
+writes every parameter under its tree path ('blocks/0/attn/wq'), and every other variable of the model
+(a BatchNorm's statistics) under its own, with the config and step as the file's metadata; `--ema`
+writes the params' moving average in place of the params (ema.decay > 0).
+`safetensors.numpy.load_file` reads it back. Any mesh or device count the checkpoint was saved on
+restores onto this process's first device.
 """
 
 import os
@@ -27,14 +29,16 @@ def named_tensors(params) -> dict[str, np.ndarray]:
   }
 
 
-def export(workdir: str, out: str, step: int | None = None) -> Loaded:
-  """Writes checkpoint `step`'s params to `out` (safetensors), the config and step as metadata."""
+def export(workdir: str, out: str, step: int | None = None, ema: bool = False) -> Loaded:
+  """Writes checkpoint `step`'s params (or their average) and variables to `out` (safetensors), the
+  config and step as metadata."""
   from safetensors.numpy import save_file
 
   run = load(workdir, step)
-  metadata = {"config": run.config.to_json(), "step": str(run.step), "format": "np"}
+  weights = "ema" if ema else "params"
+  metadata = {"config": run.config.to_json(), "step": str(run.step), "format": "np", "weights": weights}
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  save_file(named_tensors(run.params), out, metadata=metadata)
+  save_file(named_tensors(run.weights(ema)) | named_tensors(run.variables), out, metadata=metadata)
   return run
 
 
@@ -45,14 +49,16 @@ def main(argv=None) -> None:
   parser.add_argument("--workdir", required=True, help="the run's --workdir")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
   parser.add_argument("--out", required=True, help="FILE.safetensors to write")
+  parser.add_argument("--ema", action="store_true", help="the params' moving average (ema.decay > 0)")
   args = parser.parse_args(argv)
   try:
-    run = export(args.workdir, args.out, args.step)
+    run = export(args.workdir, args.out, args.step, args.ema)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   count = sum(x.size for x in jax.tree.leaves(run.params))
-  print(f"wrote {count:,} parameters of checkpoint {run.step} ({run.config.experiment}) to {args.out}")
+  what = "averaged parameters" if args.ema else "parameters"
+  print(f"wrote {count:,} {what} of checkpoint {run.step} ({run.config.experiment}) to {args.out}")
 
 
 if __name__ == "__main__":

@@ -70,31 +70,33 @@ class Calculation:
 
 
 class Reference:
-  """loss_sums of the experiment's model on one device, outside any mesh, at given params."""
+  """loss_sums of the experiment's model on one device, outside any mesh, at given params and
+  variables."""
 
   def __init__(self, loss_sums, mdef: state_lib.ModelDef, device):
     self.device = device
 
-    def sums(params, batch, rng):
-      return loss_sums(mdef.merge(params), batch, rng)
+    def sums(params, variables, batch, rng):
+      return loss_sums(mdef.merge(params, variables), batch, rng)
 
-    def mean_loss(params, batch, rng):
-      loss_sum, count, metric_sums = sums(params, batch, rng)
+    def mean_loss(params, variables, batch, rng):
+      loss_sum, count, metric_sums = sums(params, variables, batch, rng)
       return loss_sum / count, (loss_sum, count, metric_sums)
 
     # Each row alone (a batch of one), for every row at once: vmap over rows of batches of one.
-    one = lambda params, row, key: sums(params, jax.tree.map(lambda x: x[None], row), key[None])
-    self._examples = jax.jit(jax.vmap(one, in_axes=(None, 0, 0)))
+    one = lambda params, v, row, key: sums(params, v, jax.tree.map(lambda x: x[None], row), key[None])
+    self._examples = jax.jit(jax.vmap(one, in_axes=(None, None, 0, 0)))
     self._loss_and_grad = jax.jit(jax.value_and_grad(mean_loss, has_aux=True))
 
-  def calculate(self, params, batch, rng, valid) -> Calculation:
+  def calculate(self, params, variables, batch, rng, valid) -> Calculation:
     put = lambda tree: jax.device_put(tree, self.device)
-    params = put(params)
-    examples = jax.device_get(self._examples(params, put(batch), put(rng)))
-    (loss, whole), grads = self._loss_and_grad(params, put(batch), put(rng))
+    params, variables = put(params), put(variables)
+    examples = jax.device_get(self._examples(params, variables, put(batch), put(rng)))
+    (loss, whole), grads = self._loss_and_grad(params, variables, put(batch), put(rng))
     kept = whole  # Without padding rows the whole batch is the valid one: no second calculation.
     if not valid.all():
-      (loss, kept), grads = self._loss_and_grad(params, put(_rows(batch, valid)), put(rng[valid]))
+      kept_rows = (put(_rows(batch, valid)), put(rng[valid]))
+      (loss, kept), grads = self._loss_and_grad(params, variables, *kept_rows)
     per_row = [_as_float(jax.tree.map(lambda x, i=i: x[i], examples)) for i in range(len(valid))]
     return Calculation(_as_float(whole), per_row, _as_float(kept), float(loss), jax.device_get(grads))
 

@@ -33,7 +33,7 @@ from trainer import state as state_lib
 from trainer.cluster import multihost
 from trainer.modes import objective_checks
 from trainer.observe.metrics import console, device_label
-from trainer.step import example_keys, make_train_step
+from trainer.step import StateLost, example_keys, make_train_step
 
 # (loss relative difference, gradient/parameter norm ratio) by compute dtype; measured in tests.
 TOLERANCES = {"float32": (1e-5, 1e-3), "bfloat16": (2e-3, 5e-2)}
@@ -120,10 +120,14 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   checks, rows, norms = [], [], {}
   for t in range(steps):
     valid, batch = plan.valid(t), local(t)
-    params = _host(state.params)  # Before this step's update.
-    with jax.set_mesh(sharded.mesh):
-      state, m_mesh = step_mesh(state, pipeline.to_global(mine(t), sharded.batch_sharding, b))
-    m_mesh, params_mesh = _host(m_mesh), _host(state.params)
+    params, variables = _host((state.params, state.variables))  # Before this step's update.
+    try:
+      with jax.set_mesh(sharded.mesh):
+        state, m_mesh = step_mesh(state, pipeline.to_global(mine(t), sharded.batch_sharding, b))
+    except StateLost as e:  # Found while tracing, the same on every process: nothing more to step.
+      checks = [objective_checks.Check("variables", t + 1, math.inf, 0.0, str(e), _LOST)]
+      break
+    m_mesh, params_mesh, variables_mesh = _host((m_mesh, state.params, state.variables))
     if not main:
       continue
     if t == padded:
@@ -134,7 +138,7 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
     if t == padded:
       norms.update({1: float(m_one["grad_norm"]), sharded.mesh.size: float(m_mesh["grad_norm"])})
     rng = np.asarray(example_keys(jnp.asarray(initial.rng), t, b))  # The keys the step drew.
-    calc = reference.calculate(params, batch, rng, valid)
+    calc = reference.calculate(params, variables, batch, rng, valid)
     tols = (loss_tol, ratio_tol)
     checks += [
       objective_checks.additivity(calc, t + 1, valid, loss_tol) if not coupled else None,
@@ -142,9 +146,11 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
       objective_checks.one_division(calc, t + 1, m_mesh["loss"], m_mesh["grads"], tols),
       objective_checks.rows_separate(batch, [piece(t) for piece in pieces], t + 1) if b > 1 else None,
     ]
+    if variables and not on_one:
+      checks.append(_variables_check(t + 1, variables_mesh, jax.device_get(ref.variables), ratio_tol))
     if not on_one:
       rows += _mesh_rows(t + 1, m_mesh, m_one, params_mesh, jax.device_get(ref.params), initial.params, tols)
-  if main:
+  if main and norms:
     checks.append(objective_checks.device_count(norms, padded + 1, ratio_tol))
     checks = [c for c in checks if c is not None]
     checks += _skipped(checks, on_one, b, coupled)
@@ -165,6 +171,22 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
       }
       json.dump(out, f, indent=1)
   return ok
+
+
+_LOST = (
+  "the model writes a variable in training that the train state does not hold: create every variable "
+  "in build_model, with the shape and dtype training gives it (WORKSPACE.md, State beyond parameters)"
+)
+
+
+def _variables_check(step, mesh_tree, one_tree, tolerance) -> objective_checks.Check:
+  """The variables training's forward pass left (a BatchNorm's running statistics), on the mesh
+  against one device: |v_mesh - v_one| / |v_one| for the worst group."""
+  ratios = {group: ratio for group, (ratio, _) in compare(mesh_tree, one_tree).items()}
+  worst = max(ratios, key=ratios.get)
+  detail = f"the variables after the step, mesh against one device; worst {worst}: {ratios[worst]:.1e}"
+  meaning = "the variables' update is partitioned wrongly, or depends on the shard it runs on"
+  return objective_checks.Check("variables", step, ratios[worst], tolerance, detail, meaning)
 
 
 def _valid_rows(valid: int, rows: int) -> str:
