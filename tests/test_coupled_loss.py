@@ -12,6 +12,7 @@ from configs import vit_smoke_cpu
 from errors import UserError
 from tests import contrastive_fork
 from tests.conftest import train_losses
+from tests.test_local_launcher import _launch
 from trainer.config import assemble
 from trainer.train import train
 
@@ -30,13 +31,23 @@ def _config(mesh=(2, 2, 2), **overrides):
   return c
 
 
-def test_a_coupled_loss_trains_alike_on_another_mesh_and_refuses_microbatches(tmp_path):
-  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+def test_a_coupled_loss_trains_alike_on_another_mesh_and_in_two_processes_and_refuses_microbatches(
+  tmp_path,
+):
+  """1 x 8 devices on (2,2,2) and (8,1,1), and 2 processes x 4 on (2,2,2): each sees the whole global
+  batch's pairs, so the losses agree."""
+  a, b, two = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "two")
   train(_config((2, 2, 2)), a)
   train(_config((8, 1, 1), **{"sharding.strategy": "dp"}), b)
-  la, lb = train_losses(a), train_losses(b)
+  flags = ["--config=configs/vit_smoke_cpu.py:tiny", "--config.experiment=contrastive", "--config.steps=4"]
+  launcher = ["--processes=2", "--cpu_devices=4", "--main=tests/main_with_forks.py", "--"]
+  result = _launch(*launcher, *flags, "--config.log_every=1", f"--workdir={two}", tag=two, timeout=240)
+  assert result.returncode == 0, result.stdout + result.stderr
+  la = train_losses(a)
   assert sorted(la) == [1, 2, 3, 4]
-  np.testing.assert_allclose([la[s] for s in sorted(la)], [lb[s] for s in sorted(lb)], rtol=1e-5)
+  for other in (b, two):
+    lo = train_losses(other)
+    np.testing.assert_allclose([la[s] for s in sorted(la)], [lo[s] for s in sorted(lo)], rtol=1e-5)
   with pytest.raises(
     UserError, match=r"microbatches=2: experiments/contrastive.py declares COUPLES_EXAMPLES"
   ):
