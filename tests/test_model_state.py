@@ -53,6 +53,7 @@ FLAGS = [
   "--config.log_every=10",
   "--config.checkpoint.every=10",
   f"--config.ema.decay={EMA}",
+  "--config.checks.first_step=true",  # Across processes too: the first gradients, resharded.
 ]
 
 

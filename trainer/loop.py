@@ -29,7 +29,7 @@ class Loop:
 
   def __init__(self, run, start: restore.Start, integrity_checks, preemption, restarted: dict | None):
     self.run, self.clock, self.config = run, run.clock, run.config
-    self.state, self.batch_offset, self.rollbacks = start
+    self.state, self.batch_offset, self.rollbacks = start.state, start.batch_offset, start.rollbacks
     self.start = self.step = int(self.state.step)
     self.last_step = run.last_step
     self.checks, self.preemption, self.restarted = integrity_checks, preemption, restarted

@@ -63,7 +63,7 @@ def kept_variables(model, before: dict) -> dict:
   return after
 
 
-def _sums_and_grads(loss_sums, mdef: ModelDef, params, variables, batch, rng, rules):
+def sums_and_grads(loss_sums, mdef: ModelDef, params, variables, batch, rng, rules):
   """(loss_sum, count, metric sums, gradient sums, the variables as the forward pass left them)."""
 
   def f(p):
@@ -102,7 +102,7 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
   def train_step(state: TrainState, batch):
     b = jax.tree.leaves(batch)[0].shape[0]
     rng = jax.lax.with_sharding_constraint(example_keys(state.rng, state.step, b), comp.batch_sharding)
-    grads_of = lambda v, mb, r: _sums_and_grads(loss_sums, mdef, state.params, v, mb, r, rules)
+    grads_of = lambda v, mb, r: sums_and_grads(loss_sums, mdef, state.params, v, mb, r, rules)
     if microbatches == 1:
       loss_sum, count, metric_sums, grad_sums, variables = grads_of(state.variables, batch, rng)
     else:

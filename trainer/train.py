@@ -15,7 +15,7 @@ from trainer import components, rundir
 from trainer import state as state_lib
 from trainer import summary as summary_lib
 from trainer.checkpoint import restore, store
-from trainer.cluster import integrity, interrupts, multihost, recovery, runtime
+from trainer.cluster import first_step, integrity, interrupts, multihost, recovery, runtime
 from trainer.cluster.preemption import Preemption
 from trainer.cluster.watchdog import Watchdog
 from trainer.loop import Loop
@@ -106,6 +106,12 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     with clock.phase("compile", first) as phase:
       from_cache = _compile(run, start)
     run.startup["compile"] = phase.seconds
+    if config.checks.first_step and first < run.last_step and (first == 0 or start.moved):
+      with clock.phase("compile", first) as phase:  # Two more compiles, and a gradient of each.
+        batch = run.local_batches(first + start.batch_offset)
+        b = config.global_batch_size
+        first_step.check(comp, config, start.state, pipeline.to_global(batch, comp.batch_sharding, b))
+      run.startup["first_step_check"] = phase.seconds
     run.devices = list(comp.mesh.devices.flat)
     run.device_label = device_label(run.devices)
     per_device = flops.compiled_per_device(run.train_step) if first < run.last_step else None

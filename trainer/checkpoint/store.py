@@ -235,6 +235,10 @@ class Checkpoints:
     """The config checkpoint `step` was trained with (as JSON)."""
     return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
 
+  def saved_meta(self, step: int) -> dict:
+    """Checkpoint `step`'s run metadata (run_metadata: its mesh, devices, versions)."""
+    return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"] or {}
+
   def _saved_tree(self, step: int):
     try:
       return self.manager.item_metadata(step)["state"]

@@ -29,43 +29,11 @@ from jax.experimental import multihost_utils
 from data import pipeline
 from trainer import components, rundir
 from trainer import sharding as sharding_lib
-from trainer import state as state_lib
+from trainer.agreement import TOLERANCES, compare
 from trainer.cluster import multihost
 from trainer.modes import objective_checks
 from trainer.observe.metrics import console, device_label
 from trainer.step import StateLost, example_keys, make_train_step
-
-# (loss relative difference, gradient/parameter norm ratio) by compute dtype; measured in tests.
-TOLERANCES = {"float32": (1e-5, 1e-3), "bfloat16": (2e-3, 5e-2)}
-
-
-def _groups(tree) -> dict[str, list[np.ndarray]]:
-  """Leaves grouped by their module path (the path without the leaf's own name)."""
-  out: dict[str, list[np.ndarray]] = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    keys = state_lib.path_keys(path)
-    out.setdefault("/".join(keys[:-1]) or keys[-1], []).append(np.asarray(leaf, np.float64))
-  return out
-
-
-def _norm(leaves) -> float:
-  return float(np.sqrt(sum(np.sum(x * x) for x in leaves)))
-
-
-def _worst_element(a, b) -> float:
-  return max(float(np.max(np.abs(x - y) / (np.abs(y) + 1e-12))) for x, y in zip(a, b, strict=True))
-
-
-def compare(mesh_tree, one_tree, base_tree=None) -> dict[str, tuple[float, float]]:
-  """Per group: (|mesh - one| / |one - base or one|, worst element's relative difference)."""
-  mesh_g, one_g = _groups(mesh_tree), _groups(one_tree)
-  base_g = _groups(base_tree) if base_tree is not None else None
-  out = {}
-  for name, one in one_g.items():
-    diff = _norm([m - o for m, o in zip(mesh_g[name], one, strict=True)])
-    scale = _norm([o - b for o, b in zip(one, base_g[name], strict=True)]) if base_g else _norm(one)
-    out[name] = (diff / max(scale, 1e-30), _worst_element(mesh_g[name], one))
-  return out
 
 
 def _host(tree):

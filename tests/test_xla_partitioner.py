@@ -1,0 +1,74 @@
+"""XLA's SPMD partitioner can compute a wrong gradient (tests/xla_repro_fork.py): verify FAILs on the
+fork, checks.first_step refuses to start training it with exit 6, and on a model XLA gets right the
+check passes, before the first step and after a restore onto another mesh. If an XLA upgrade fixes
+the miscompile, the first test says so instead of the others passing quietly."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from tests import xla_repro_fork
+from tests.conftest import tiny_config
+from trainer.cluster import failures
+from trainer.cluster.first_step import Miscompiled
+from trainer.modes.verify import verify
+from trainer.train import train
+
+xla_repro_fork.install()
+
+
+def _fork_config():
+  c = tiny_config()
+  c.unlock()
+  c.experiment = "xla_repro"
+  c.lock()
+  c.sharding.strategy = "fsdp_tp"  # w1 (., tensor), w2 (fsdp, tensor), the batch over (data, fsdp).
+  c.checks.first_step = True
+  return c
+
+
+def test_xla_still_miscompiles_the_two_matrices_in_a_bare_program():
+  """The reproduction without template code: 20 lines of jit and grad."""
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+  k = jax.random.split(jax.random.PRNGKey(0), 3)
+  x, w1, w2 = (jax.random.normal(k[i], s) for i, s in enumerate([(16, 8), (8, 16), (16, 8)]))
+  loss = lambda w, x: jnp.sum((jnp.tanh(x @ w[0]) @ w[1]) ** 2)
+  sh = lambda *spec: NamedSharding(mesh, P(*spec))
+  shardings = (sh(None, "tensor"), sh("fsdp", "tensor"))
+  grad = jax.jit(jax.grad(loss), in_shardings=(shardings, sh(("data", "fsdp"))), out_shardings=shardings)
+  wrong, right = grad((w1, w2), x)[0], jax.grad(loss)((w1, w2), x)[0]
+  error = float(jnp.linalg.norm(wrong - right) / jnp.linalg.norm(right))
+  if error < 1e-4:
+    pytest.fail(
+      f"jax {jax.__version__} now partitions the two-matrix gradient correctly (relative error {error:.1e}): "
+      "the miscompile is fixed; make tests/xla_repro_fork.py expect PASS, or find another reproduction"
+    )
+
+
+def test_verify_fails_on_the_miscompiled_fork(tmp_path):
+  assert not verify(_fork_config(), str(tmp_path), steps=2)
+
+
+def test_training_the_miscompiled_fork_refuses_to_start_with_its_own_exit_code(tmp_path):
+  with pytest.raises(Miscompiled, match=r"first step's gradients on mesh .* differ .* for w1 \(") as e:
+    train(_fork_config(), str(tmp_path))
+  line, code = failures.error_line(e.value, str(tmp_path))
+  assert code == failures.MISCOMPILED_EXIT == 6 and "another mesh or sharding.rules" in line
+  assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").iterdir())
+
+
+def test_the_check_passes_where_xla_is_right_and_runs_again_after_a_restore_onto_another_mesh(
+  tmp_path, capsys
+):
+  agree = "checks.first_step: the first gradients agree"
+  train(tiny_config(steps=2, **{"checks.first_step": True}), str(tmp_path))
+  assert agree in capsys.readouterr().out
+  same = tiny_config(steps=4, **{"checks.first_step": True})
+  train(same, str(tmp_path), stop_after=3)  # The same mesh: not checked again.
+  assert agree not in capsys.readouterr().out
+  other = tiny_config(steps=4, **{"checks.first_step": True})
+  other.mesh.data, other.mesh.fsdp, other.mesh.tensor = 1, 8, 1
+  train(other, str(tmp_path))
+  assert agree in capsys.readouterr().out

@@ -1,0 +1,116 @@
+"""checks.first_step: XLA's SPMD partitioner checked on the real devices, before a run's first step and
+after a restore onto another mesh.
+
+The first batch's gradients are computed twice from the same state, on the same devices: with the
+configured partitioning, and with another that fits (data-parallel over every device, else pure
+FSDP; whichever differs from the configured one and whose compiled memory estimate fits). Both are the
+gradient of one objective, so they agree to verify's tolerances unless XLA partitioned one of them
+wrongly (a missing all-reduce, say: tests/xla_repro_fork.py). A disagreement ends the run with one
+line naming the parameters and exit 6 (trainer/cluster/failures.py): deterministic, so a restart
+would fail the same way; another mesh or sharding.rules avoids it.
+"""
+
+import jax
+from jax.experimental import multihost_utils
+
+from errors import UserError
+from trainer import components
+from trainer import mesh as mesh_lib
+from trainer.agreement import TOLERANCES, compare
+from trainer.cluster import failures, multihost
+from trainer.observe.metrics import console
+from trainer.step import example_keys, sums_and_grads
+
+
+class Miscompiled(UserError):
+  exit_code = failures.MISCOMPILED_EXIT
+
+
+def _candidates(config, devices) -> list:
+  """Other partitionings of the same devices, most replicated first: (mesh sizes, strategy). Models
+  that fit only sharded get pure FSDP, or FSDP over half the devices with data or tensor over two."""
+  n = len(devices)
+  here = (dict(mesh_lib.make_mesh(config.mesh, devices).shape), config.sharding.strategy)
+  halves = [((2, n // 2, 1), "fsdp"), ((1, n // 2, 2), "fsdp_tp")] if n % 2 == 0 and n > 2 else []
+  out = []
+  for sizes, strategy in [((n, 1, 1), "dp"), ((1, n, 1), "fsdp"), *halves]:
+    if (dict(zip(mesh_lib.AXES, sizes, strict=True)), strategy) != here:
+      out.append((sizes, strategy))
+  return out
+
+
+def _other(config, sizes, strategy):
+  other = config.copy_and_resolve_references()
+  other.mesh.update(
+    dict(zip(("data", "fsdp", "tensor"), sizes, strict=True)) | {"dcn_data": 1, "dcn_fsdp": 1}
+  )
+  other.sharding.strategy = strategy
+  other.sharding.rules = ()  # The preset's: the configured rules are what is being checked.
+  return other
+
+
+def _grads_program(comp):
+  """jit(params, variables, batch, rng) -> divided gradients, on comp's shardings (no update)."""
+
+  def grads(params, variables, batch, base_rng):
+    rng = example_keys(base_rng, 0, jax.tree.leaves(batch)[0].shape[0])
+    _, count, _, grad_sums, _ = sums_and_grads(
+      comp.loss_sums, comp.mdef, params, variables, batch, rng, comp.rules
+    )
+    return jax.tree.map(lambda g: g / count, grad_sums)
+
+  sh = comp.shardings
+  in_shardings = (sh.params, sh.variables, comp.batch_sharding, sh.rng)
+  return jax.jit(grads, in_shardings=in_shardings, out_shardings=sh.params)
+
+
+def _fits(compiled) -> bool:
+  """Whether the compiled program's memory estimate fits this process's devices' free memory (True
+  where they do not say: CPU)."""
+  memory = compiled.memory_analysis()
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if memory is None or "bytes_limit" not in stats:
+    return True
+  needed = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+  return needed - memory.alias_size_in_bytes <= stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+
+
+def check(comp, config, state, batch) -> None:
+  """Raises Miscompiled when the configured partitioning's first gradients differ from another's."""
+  devices = list(comp.mesh.devices.flat)
+  args = (state.params, state.variables, batch, state.rng)
+  with jax.set_mesh(comp.mesh):
+    mine = _grads_program(comp)(*args)
+  for sizes, strategy in _candidates(config, devices):
+    other = components.build(_other(config, sizes, strategy), devices, with_data=False)
+    sh = other.shardings
+    moved = jax.device_put(args, (sh.params, sh.variables, other.batch_sharding, sh.rng))
+    with jax.set_mesh(other.mesh):
+      compiled = _grads_program(other).lower(*moved).compile()
+      # Every process takes the same partitioning, or the collectives would not match.
+      if not multihost.all_agree(f"first_step_fits_{strategy}_{sizes}", _fits(compiled), timeout_s=600):
+        continue
+      theirs = compiled(*moved)
+    _compare(mine, theirs, config, (dict(comp.mesh.shape), dict(other.mesh.shape)), strategy)
+    return
+  console("warning: checks.first_step: no other partitioning of these devices fits; not checked")
+
+
+def _compare(mine, theirs, config, meshes: tuple[dict, dict], strategy: str) -> None:
+  """Per parameter group, |g_configured - g_other| / |g_other| against verify's norm-ratio tolerance."""
+  mine, theirs = (multihost_utils.process_allgather(t, tiled=True) for t in (mine, theirs))
+  _, tolerance = TOLERANCES.get(config.model.compute_dtype, TOLERANCES["bfloat16"])
+  ratios = {group: ratio for group, (ratio, _) in compare(mine, theirs).items()}
+  bad = sorted((g for g, r in ratios.items() if not r <= tolerance), key=lambda g: -ratios[g])
+  here, mesh = meshes
+  if bad:
+    worst = ", ".join(f"{g} ({ratios[g]:.1e})" for g in bad[:4]) + (" ..." if len(bad) > 4 else "")
+    raise Miscompiled(
+      f"checks.first_step: the first step's gradients on mesh {here} differ from those on mesh {mesh} "
+      f"(strategy {strategy}) for {worst}, beyond verify's {tolerance:g}: XLA partitioned the step "
+      "wrongly; use another mesh or sharding.rules (restarting fails the same way)"
+    )
+  console(
+    f"checks.first_step: the first gradients agree with mesh {mesh} (strategy {strategy}): worst "
+    f"{max(ratios.values(), default=0.0):.1e} of {tolerance:g}"
+  )
