@@ -1,5 +1,6 @@
-"""The fork command copies an experiment and its config into a copy of the repository; the new
-experiment trains 2 steps there, and nothing else in the copy changed."""
+"""The fork command copies an experiment and its config into a copy of the repository; nothing else
+in the copy changes, and there `make check`'s tests of the new experiment (its pulse, its verify, the
+contract's naming) pass, under a name that sorts before the template's own."""
 
 import hashlib
 import os
@@ -13,16 +14,10 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-# Verify of the ViT it copies: tests/test_configs.py (the same code under another name).
-CHECK = """
-import runpy
-from trainer.train import train
-cfg = runpy.run_path("configs/mine.py")["get_config"]("tiny")
-assert cfg.experiment == "mine", cfg.experiment
-summary = train(cfg, "runs/mine")
-assert summary["final_step"] == 2, summary
-print("trained mine")
-"""
+# A fork named to sort before the template's own experiments: `make check`'s tests that walk every
+# config and experiment (a pulse and verify of each) and the contract's, run in the copy.
+NAME = "aaa_first"
+CHECK = ["tests/test_configs.py", "tests/test_experiment_contract.py", "-k", f"{NAME} or named or missing"]
 
 
 def _files(root):
@@ -43,21 +38,23 @@ def test_fork_trains_and_verifies_and_touches_nothing_else(tmp_path):
   before = _files(copy)
   run = lambda *argv: subprocess.run(argv, cwd=copy, capture_output=True, text=True, timeout=300)
 
-  result = run(sys.executable, "-m", "experiments.new", "mine", "--from=vit")
+  result = run(sys.executable, "-m", "experiments.new", NAME, "--from=vit")
   assert result.returncode == 0, result.stderr
-  assert "configs/mine.py:tiny" in result.stdout
+  assert f"configs/{NAME}.py:tiny" in result.stdout
   after = _files(copy)
-  assert set(after) - set(before) == {"experiments/mine.py", "experiments/mine_keys.py", "configs/mine.py"}
+  new = {f"experiments/{NAME}.py", f"experiments/{NAME}_keys.py", f"configs/{NAME}.py"}
+  assert set(after) - set(before) == new
   assert {k: after[k] for k in before} == before  # The trainer and the other experiments are untouched.
-  with open(copy / "configs" / "mine.py") as f:
+  with open(copy / "configs" / f"{NAME}.py") as f:
     text = f.read()
-  assert 'base.get_config("mine")' in text and "--config=configs/mine.py" in text
+  assert f'base.get_config("{NAME}")' in text and f"--config=configs/{NAME}.py" in text
   # The ViT's measured figures stay with the ViT: the fork's recipe is to fill in.
   assert "Expect: (fill in once measured" in text and "0.89" not in text and "measured)" not in text
 
-  result = run(sys.executable, "-c", CHECK)
+  result = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CHECK)
   assert result.returncode == 0, result.stdout + result.stderr
-  assert "trained mine" in result.stdout
+  ran = run(sys.executable, "-m", "pytest", "-q", "--collect-only", *CHECK)
+  assert ran.stdout.count(NAME) >= 2, ran.stdout  # Its pulse and its verify were among them.
 
-  again = run(sys.executable, "-m", "experiments.new", "mine", "--from=lm")
-  assert again.returncode == 2 and again.stderr.startswith("error: experiments/mine.py exists already")
+  again = run(sys.executable, "-m", "experiments.new", NAME, "--from=lm")
+  assert again.returncode == 2 and again.stderr.startswith(f"error: experiments/{NAME}.py exists already")

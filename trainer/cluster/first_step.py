@@ -26,7 +26,7 @@ class Miscompiled(UserError):
   exit_code = failures.MISCOMPILED_EXIT
 
 
-def _candidates(config, devices) -> list:
+def candidates(config, devices) -> list:
   """Other partitionings of the same devices, most replicated first: (mesh sizes, strategy). Models
   that fit only sharded get pure FSDP, or FSDP over half the devices with data or tensor over two."""
   n = len(devices)
@@ -39,7 +39,7 @@ def _candidates(config, devices) -> list:
   return out
 
 
-def _other(config, sizes, strategy):
+def other_config(config, sizes, strategy):
   other = config.copy_and_resolve_references()
   other.mesh.update(
     dict(zip(("data", "fsdp", "tensor"), sizes, strict=True)) | {"dcn_data": 1, "dcn_fsdp": 1}
@@ -49,7 +49,7 @@ def _other(config, sizes, strategy):
   return other
 
 
-def _grads_program(comp):
+def grads_program(comp):
   """jit(params, variables, batch, rng) -> divided gradients, on comp's shardings (no update)."""
 
   def grads(params, variables, batch, base_rng):
@@ -80,13 +80,13 @@ def check(comp, config, state, batch) -> None:
   devices = list(comp.mesh.devices.flat)
   args = (state.params, state.variables, batch, state.rng)
   with jax.set_mesh(comp.mesh):
-    mine = _grads_program(comp)(*args)
-  for sizes, strategy in _candidates(config, devices):
-    other = components.build(_other(config, sizes, strategy), devices, with_data=False)
+    mine = grads_program(comp)(*args)
+  for sizes, strategy in candidates(config, devices):
+    other = components.build(other_config(config, sizes, strategy), devices, with_data=False)
     sh = other.shardings
     moved = jax.device_put(args, (sh.params, sh.variables, other.batch_sharding, sh.rng))
     with jax.set_mesh(other.mesh):
-      compiled = _grads_program(other).lower(*moved).compile()
+      compiled = grads_program(other).lower(*moved).compile()
       # Every process takes the same partitioning, or the collectives would not match.
       if not multihost.all_agree(f"first_step_fits_{strategy}_{sizes}", _fits(compiled), timeout_s=600):
         continue
