@@ -168,3 +168,30 @@ def test_what_a_batchnorm_writes_in_training_is_kept_and_a_changed_shape_is_an_e
   norm.mean.set_value(jnp.zeros((2, 3)))
   with pytest.raises(UserError, match=r"variable mean \(now float32\[2, 3\], built float32\[3\]\)"):
     step.kept_variables(norm, before)
+
+
+def test_a_variable_written_in_every_microbatch_keeps_every_write(tmp_path, monkeypatch):
+  """A counter of the valid tokens seen, kept as a variable: with 2 microbatches the second starts
+  from what the first left, so after the run it holds every valid token of every step."""
+  from flax import nnx
+
+  from trainer.checkpoint.read import load
+
+  real_build, real_loss = lm.build_model, lm.loss_sums
+
+  def build(config, rngs):
+    model = real_build(config, rngs)
+    model.seen = nnx.BatchStat(jnp.zeros((), jnp.float32))
+    return model
+
+  def counting(model, batch, rng):
+    if rng is not None:
+      model.seen.set_value(model.seen.get_value() + jnp.sum(batch["weights"]))
+    return real_loss(model, batch, rng)
+
+  monkeypatch.setattr(lm, "build_model", build)
+  monkeypatch.setattr(lm, "loss_sums", counting)
+  summary = train(tiny_config(steps=2, microbatches=2, **{"checkpoint.every": 2}), str(tmp_path))
+  run = load(str(tmp_path))
+  assert "seen" in run.variables and "seen" not in run.params
+  assert float(run.variables["seen"]) == summary["tokens_trained_this_run"] > 0, summary
