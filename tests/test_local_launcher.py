@@ -311,16 +311,16 @@ def test_a_failed_job_is_relaunched_and_a_user_error_or_the_restart_budget_ends_
     and info["process"] == 1
     and info["died_at"] <= info["ended_at"] <= info["relaunched_at"]
   )
-  # A user error (2) and running out of memory at restore (5) never restart; a failure past the budget
-  # gives up, saying so.
-  for code, why in ((2, "a user error"), (5, "out of memory")):
+  # A user error (2), running out of memory at restore (5) and a miscompiled step (6) never restart; a
+  # failure past the budget gives up, saying so.
+  for code, why in ((2, "a user error"), (5, "out of memory"), (6, "XLA partitioned the step wrongly")):
     result = _launch(*flags, "--max_restarts=2", "--", f"--act_1=exit{code}", tag=stub)
     assert result.returncode == code
     assert f"[launch] not restarting: process 1 exited with code {code} ({why}" in result.stderr
-  result = _launch(*flags, "--max_restarts=1", "--", "--act_1=exit6", tag=stub)
+  result = _launch(*flags, "--max_restarts=1", "--", "--act_1=exit9", tag=stub)
   assert (
-    result.returncode == 6
-    and "[launch] giving up after 1 restarts: process 1 exited with code 6" in result.stderr
+    result.returncode == 9
+    and "[launch] giving up after 1 restarts: process 1 exited with code 9" in result.stderr
   )
 
 

@@ -121,8 +121,9 @@ def test_variables_and_the_average_are_saved_and_restored_bit_for_bit_onto_anoth
   assert not np.allclose(saved[0]["pixel_norm"]["var"], 1.0)
 
 
-def test_the_average_is_numpys_and_evaluation_and_export_report_it(tmp_path):
-  """ema = decay * ema + (1 - decay) * params after each step, from the initial params, not debiased."""
+def test_the_average_is_numpys_and_evaluation_and_export_report_it(tmp_path, monkeypatch):
+  """ema = decay * ema + (1 - decay) * params after each step, from the initial params, not debiased;
+  an experiment's eval_weights chooses what evaluation scores."""
   config = _config(**{"steps": 4, "checkpoint.every": 1, "checkpoint.keep": 5, "eval_steps": 1})
   summary = train(config, str(tmp_path))
   comp = components.build(config)
@@ -141,6 +142,13 @@ def test_the_average_is_numpys_and_evaluation_and_export_report_it(tmp_path):
   tensors = load_file(out)
   np.testing.assert_array_equal(tensors["head/kernel"], got["head"]["kernel"])
   assert "pixel_norm/mean" in tensors  # The variables travel with the weights.
+
+  from trainer.evaluate import evaluate_checkpoint
+
+  monkeypatch.setattr(batchnorm_fork, "eval_weights", lambda p, v, ema: {"only_ema": (ema, v)}, raising=False)
+  row = evaluate_checkpoint(config, str(tmp_path))
+  assert row["eval_only_ema_loss"] == pytest.approx(summary["eval_ema_loss"], rel=1e-6)
+  assert "eval_loss" not in row, row
 
 
 def test_verify_checks_the_variables_and_fails_naming_one_a_fork_would_lose(tmp_path, monkeypatch):
