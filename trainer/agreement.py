@@ -11,12 +11,16 @@ from trainer import state as state_lib
 TOLERANCES = {"float32": (1e-5, 1e-3), "bfloat16": (2e-3, 5e-2)}
 
 
+def group(path) -> str:
+  """A leaf's group: its module path (the tree path without the leaf's own name)."""
+  keys = state_lib.path_keys(path)
+  return "/".join(keys[:-1]) or keys[-1]
+
+
 def _groups(tree) -> dict[str, list[np.ndarray]]:
-  """Leaves grouped by their module path (the path without the leaf's own name)."""
   out: dict[str, list[np.ndarray]] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    keys = state_lib.path_keys(path)
-    out.setdefault("/".join(keys[:-1]) or keys[-1], []).append(np.asarray(leaf, np.float64))
+    out.setdefault(group(path), []).append(np.asarray(leaf, np.float64))
   return out
 
 
