@@ -6,7 +6,8 @@ configured microbatches, it checks each property of trainer/modes/objective_chec
 independent calculation on one device (additivity, padding_inert, one_division), make_batch on
 slices of rows as processes apply it (rows_separate), the gradient norm on 1, 2, 4 and 8 devices
 (device_count), and runs K optimizer steps twice from the same initial state: once on the configured
-mesh and strategy, once on a single device. Prints a PASS/FAIL line per property and step (SKIP,
+mesh and strategy, once on a single device (for a model with state beyond parameters, the variables
+each step leaves are compared too: `variables`, a FAIL naming one the step cannot keep). Prints a PASS/FAIL line per property and step (SKIP,
 with the reason, for one this set-up cannot check: a one-device mesh, a batch without padding),
 and per step and parameter group the loss difference and the gradient and parameter differences as
 whole-group norm ratios (mesh_vs_one):
@@ -118,8 +119,9 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
       checks.append(_variables_check(t + 1, variables_mesh, jax.device_get(ref.variables), ratio_tol))
     if not on_one:
       rows += _mesh_rows(t + 1, m_mesh, m_one, params_mesh, jax.device_get(ref.params), initial.params, tols)
-  if main and norms:
-    checks.append(objective_checks.device_count(norms, padded + 1, ratio_tol))
+  if main:
+    if norms:  # (None when the steps stopped at a variable they cannot keep.)
+      checks.append(objective_checks.device_count(norms, padded + 1, ratio_tol))
     checks = [c for c in checks if c is not None]
     checks += _skipped(checks, on_one, b, coupled)
   ok = multihost.all_agree("verify", _report(checks, rows) if main else True, timeout_s=600)
