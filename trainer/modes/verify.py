@@ -7,8 +7,9 @@ independent calculation on one device (additivity, padding_inert, one_division),
 slices of rows as processes apply it (rows_separate), the gradient norm on 1, 2, 4 and 8 devices
 (device_count), and runs K optimizer steps twice from the same initial state: once on the configured
 mesh and strategy, once on a single device (for a model with state beyond parameters, the variables
-each step leaves are compared too: `variables`, a FAIL naming one the step cannot keep). Prints a PASS/FAIL line per property and step (SKIP,
-with the reason, for one this set-up cannot check: a one-device mesh, a batch without padding),
+each step leaves are compared too: `variables`, a FAIL naming one the step cannot keep). Prints a
+PASS/FAIL line per property and step (SKIP, with the reason, for one this set-up cannot check: a
+one-device mesh, a batch without padding),
 and per step and parameter group the loss difference and the gradient and parameter differences as
 whole-group norm ratios (mesh_vs_one):
   grad_ratio  = |g_mesh - g_one| / |g_one|
