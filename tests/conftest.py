@@ -1,13 +1,18 @@
 """Every in-process test runs on 8 logical CPU devices, set before JAX's backend starts."""
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
 # One persistent compilation cache for the whole session, this process and every main.py it starts
-# (they inherit the environment): the same tiny steps compile once, not once per test.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="test_jax_cache_"))
+# (they inherit the environment): the same tiny steps compile once, not once per test. Made only
+# where none is set (a pytest a test starts shares its parent's), and removed when the session ends.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="test_jax_cache_")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # Tests compile many tiny programs and run each for a few steps: XLA:CPU's compile time dominates, and
