@@ -204,3 +204,36 @@ def test_a_checkpoint_from_before_variables_were_kept_apart_is_refused_and_left_
     ckpt.restore_latest(state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx))
   ckpt.close()
   assert os.listdir(os.path.join(tmp_path, "checkpoints")) == ["7"]
+
+
+def test_an_old_checkpoint_of_a_model_without_variables_restores_and_its_shapes_are_still_checked(tmp_path):
+  """The LM has neither variables nor an average: its old tree is all a restore needs; a changed
+  parameter shape is still the error naming it, not damage."""
+  import orbax.checkpoint as ocp
+
+  from tests.conftest import tiny_config
+  from trainer import state as state_lib
+
+  config = tiny_config()
+  comp = components.build(config)
+  state = components.init_state(comp, config)
+  old = {"step": state.step, "params": state.params, "opt_state": state.opt_state, "rng": state.rng}
+  ckpt = store.Checkpoints(str(tmp_path), 3, 0)
+  ckpt.manager.save(
+    2,
+    args=ocp.args.Composite(
+      state=ocp.args.StandardSave(old),
+      data=ocp.args.JsonSave(store.data_position(2, 0, comp)),
+      config=ocp.args.JsonSave(json.loads(config.to_json())),
+      meta=ocp.args.JsonSave({}),
+    ),
+  )
+  ckpt.manager.wait_until_finished()
+  restored = ckpt.restore_latest(state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx))
+  assert restored.step == 2 and restored.state.variables == {} and restored.state.ema == {}
+  for a, b in zip(jax.tree.leaves(restored.state.params), jax.tree.leaves(state.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  wider = components.build(tiny_config(**{"model.mlp_dim": 96}))
+  with pytest.raises(UserError, match=r"checkpoint 2: parameter .* has shape .* but the model now has"):
+    ckpt.restore_latest(state_lib.abstract_state(wider.shardings, wider.mdef, wider.tx))
+  ckpt.close()

@@ -31,19 +31,19 @@ def restore_target(step: int, saved, target: TrainState) -> tuple[object, Callab
     return target, lambda restored: restored
   fields = [f.name for f in dataclasses.fields(TrainState)]
   missing = [f for f in fields if f not in saved.tree]
-  if missing:
-    filled = [f for f in missing if jax.tree.leaves(getattr(target, f))]
-    if filled:
-      raise UserError(
-        f"checkpoint {step} was written before the train state kept {' and '.join(missing)} apart, and "
-        f"this model has {'/'.join(filled)} to restore: resume it with the trainer that wrote it, or "
-        "start a new --workdir"
-      )
-    # Nothing of those parts to fill in: restore the old tree, and add them empty.
-    present = {f: getattr(target, f) for f in fields if f in saved.tree}
-    return present, lambda restored: TrainState(**restored, **{f: getattr(target, f) for f in missing})
-  _check_parts(step, _paths_and_shapes(saved.tree), _paths_and_shapes(target))
-  return target, lambda restored: restored
+  filled = [f for f in missing if jax.tree.leaves(getattr(target, f))]
+  if filled:
+    raise UserError(
+      f"checkpoint {step} was written before the train state kept {' and '.join(missing)} apart, and "
+      f"this model has {'/'.join(filled)} to restore: resume it with the trainer that wrote it, or "
+      "start a new --workdir"
+    )
+  _check_parts(step, _paths_and_shapes(saved.tree), _paths_and_shapes(target))  # Old trees too.
+  if not missing:
+    return target, lambda restored: restored
+  # Nothing of the missing parts to fill in: restore the old tree, and add them empty.
+  present = {f: getattr(target, f) for f in fields if f in saved.tree}
+  return present, lambda restored: TrainState(**restored, **{f: getattr(target, f) for f in missing})
 
 
 def _check_parts(step: int, saved: dict, wanted: dict) -> None:
