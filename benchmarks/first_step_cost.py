@@ -14,6 +14,7 @@ Logical CPU devices stand in for GPUs: memory and FLOPs per device carry over, c
 
 import argparse
 import os
+import runpy
 import sys
 import time
 
@@ -44,7 +45,7 @@ def main():
   from trainer.cluster import first_step
   from trainer.modes.inspect import compile_train_step
 
-  config = _load(args.config)
+  config = runpy.run_path(args.config)["get_config"]()
   devices = jax.devices()
   rows = []
   t0 = time.time()
@@ -74,15 +75,6 @@ def main():
     ratio = flops / step_flops if step_flops else float("nan")
     row = f"{label:<12} {str(mesh):<36} {strategy:<8} {gib:>8.2f} {flops / 1e12:>8.2f} {ratio:>7.2f}"
     print(f"{row} {seconds:>9.1f}  {fits}")
-
-
-def _load(path):
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location("config_file", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 if __name__ == "__main__":

@@ -149,17 +149,22 @@ def init_state(build_model, mdef: ModelDef, tx, shardings: TrainState, seed: int
   return jax.jit(init, out_shardings=shardings)()
 
 
-def abstract_state(shardings: TrainState, mdef: ModelDef, tx) -> TrainState:
-  """ShapeDtypeStructs with shardings: the restore target for Orbax on any mesh."""
+def abstract_shapes(mdef: ModelDef, tx, ema: bool) -> TrainState:
+  """The train state's ShapeDtypeStructs, without shardings."""
   abstract_params = mdef.params
-  shapes = TrainState(
+  return TrainState(
     step=jax.ShapeDtypeStruct((), jnp.int32),
     params=abstract_params,
     variables=mdef.variables,
     opt_state=jax.eval_shape(tx.init, abstract_params),
-    ema=abstract_params if shardings.ema else {},
+    ema=abstract_params if ema else {},
     rng=jax.ShapeDtypeStruct((2,), jnp.uint32),
   )
+
+
+def abstract_state(shardings: TrainState, mdef: ModelDef, tx) -> TrainState:
+  """ShapeDtypeStructs with shardings: the restore target for Orbax on any mesh."""
+  shapes = abstract_shapes(mdef, tx, bool(shardings.ema))
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 

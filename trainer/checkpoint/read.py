@@ -95,22 +95,8 @@ def _restore(manager, workdir: str, step: int | None):
   mdef = state_lib.model_def(functools.partial(experiment.build_model, config))
   tx, _ = make_optimizer(config.optimizer, config.steps, mdef.logical_specs)
   here = SingleDeviceSharding(jax.local_devices()[0])
-  shardings = jax.tree.map(lambda _: here, _shapes(mdef, tx, config.ema.decay > 0))
-  target, complete = tree.restore_target(
-    step, manager.item_metadata(step)["state"], state_lib.abstract_state(shardings, mdef, tx)
-  )
+  shapes = state_lib.abstract_shapes(mdef, tx, config.ema.decay > 0)
+  target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=here), shapes)
+  target, complete = tree.restore_target(step, manager.item_metadata(step)["state"], target)
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
   return jax.device_get(complete(restored["state"])), config, step
-
-
-def _shapes(mdef, tx, ema: bool) -> state_lib.TrainState:
-  """A TrainState of placeholders, one per leaf: the tree abstract_state maps shardings over."""
-  params = mdef.params
-  return state_lib.TrainState(
-    step=0,
-    params=params,
-    variables=mdef.variables,
-    opt_state=jax.eval_shape(tx.init, params),
-    ema=params if ema else {},
-    rng=0,
-  )

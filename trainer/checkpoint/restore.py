@@ -13,7 +13,7 @@ class Start(NamedTuple):
   state: object
   batch_offset: int  # Batches skipped by NaN rollbacks: global batch t trains step t - offset + 1.
   rollbacks: int  # NaN rollbacks so far, restarts included.
-  moved: bool = False  # Restored onto another mesh than the one it was saved from.
+  moved: bool = False  # Restored onto another mesh than it was saved from (asked with checks.first_step).
 
 
 def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resuming: bool) -> Start:
@@ -26,8 +26,9 @@ def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resumin
   moved = False
   if resuming:
     saved, now = ckpt.saved_config(restored.step), json.loads(config.to_json())
-    meta = ckpt.saved_meta(restored.step)
-    moved = (meta.get("mesh"), meta.get("device_count")) != (dict(comp.mesh.shape), comp.mesh.size)
+    if config.checks.first_step:  # Only the first-step check asks whether the mesh changed.
+      meta = ckpt.saved_meta(restored.step)
+      moved = (meta.get("mesh"), meta.get("device_count")) != (dict(comp.mesh.shape), comp.mesh.size)
     declared = assemble.declared(config.experiment)
     for line in resume.check(saved, now, restored.step, config.checkpoint.allow_changed_keys, declared):
       console(line)

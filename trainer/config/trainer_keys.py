@@ -203,8 +203,9 @@ KEYS = {
     keys.FREE,
     "Before a run's first step, and after a restore onto another mesh, compute the first batch's "
     "gradients on the real devices with the configured partitioning and with another that fits "
-    "(data-parallel, or pure FSDP), and stop with exit 5 if they disagree: XLA partitioned the step "
-    "wrongly (trainer/cluster/first_step.py). Costs a compile and a step of each.",
+    "(data-parallel, else pure FSDP, else FSDP over half the devices), and stop with exit 6 if they "
+    "disagree: XLA partitioned the step wrongly (trainer/cluster/first_step.py). Costs a compile and a "
+    "gradient of each.",
   ),
   # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in
   # WORKDIR/profile/process_I (TensorBoard's profile plugin, or Perfetto), read back into each
