@@ -8,16 +8,23 @@ import os
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
+from flax import nnx
+from safetensors.numpy import load_file
 
 from configs import vit_smoke_cpu
+from data import pipeline
 from errors import UserError
 from tests import batchnorm_fork
+from tests.conftest import tiny_config
 from tests.test_local_launcher import _launch
 from trainer import components
+from trainer import state as state_lib
 from trainer.checkpoint import store
 from trainer.checkpoint.read import load
 from trainer.config import assemble
+from trainer.evaluate import evaluate_checkpoint
 from trainer.modes.export import export
 from trainer.modes.verify import verify
 from trainer.step import make_train_step
@@ -96,7 +103,6 @@ def test_variables_and_the_average_are_saved_and_restored_bit_for_bit_onto_anoth
   comp = components.build(config)
   state, step = components.init_state(comp, config), make_train_step(comp, 1)
   local = components.local_batches(comp)
-  from data import pipeline
 
   for t in range(3):
     with jax.set_mesh(comp.mesh):
@@ -107,7 +113,6 @@ def test_variables_and_the_average_are_saved_and_restored_bit_for_bit_onto_anoth
   ckpt.wait()
   other = _config((1, 8, 1), **{"sharding.strategy": "fsdp"})
   comp8 = components.build(other)
-  from trainer import state as state_lib
 
   restored = ckpt.restore_latest(state_lib.abstract_state(comp8.shardings, comp8.mdef, comp8.tx))
   ckpt.close()
@@ -137,13 +142,10 @@ def test_the_average_is_numpys_and_evaluation_and_export_report_it(tmp_path, mon
   assert summary["eval_loss"] != summary["eval_ema_loss"], summary
   out = str(tmp_path / "ema.safetensors")
   export(str(tmp_path), out, ema=True)
-  from safetensors.numpy import load_file
 
   tensors = load_file(out)
   np.testing.assert_array_equal(tensors["head/kernel"], got["head"]["kernel"])
   assert "pixel_norm/mean" in tensors  # The variables travel with the weights.
-
-  from trainer.evaluate import evaluate_checkpoint
 
   monkeypatch.setattr(batchnorm_fork, "eval_weights", lambda p, v, ema: {"only_ema": (ema, v)}, raising=False)
   row = evaluate_checkpoint(config, str(tmp_path))
@@ -160,7 +162,6 @@ def test_verify_checks_the_variables_and_fails_naming_one_a_fork_would_lose(tmp_
   real = batchnorm_fork.loss_sums
 
   def counting(model, batch, rng):  # A counter made in the forward pass: the step cannot keep it.
-    from flax import nnx
 
     model.seen = nnx.BatchStat(batch["weights"].sum())
     return real(model, batch, rng)
@@ -174,8 +175,6 @@ def test_verify_checks_the_variables_and_fails_naming_one_a_fork_would_lose(tmp_
 
 def test_a_checkpoint_from_before_variables_were_kept_apart_is_refused_and_left_in_place(tmp_path):
   """The old trainer saved every nnx variable under params, with no variables or ema in its tree."""
-  import orbax.checkpoint as ocp
-  from flax import nnx
 
   config = _config(**{"ema.decay": 0.0})
   comp = components.build(config)
@@ -198,7 +197,6 @@ def test_a_checkpoint_from_before_variables_were_kept_apart_is_refused_and_left_
     ),
   )
   ckpt.manager.wait_until_finished()
-  from trainer import state as state_lib
 
   with pytest.raises(UserError, match=r"checkpoint 7 was written before the train state kept variables"):
     ckpt.restore_latest(state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx))
@@ -209,10 +207,6 @@ def test_a_checkpoint_from_before_variables_were_kept_apart_is_refused_and_left_
 def test_an_old_checkpoint_of_a_model_without_variables_restores_and_its_shapes_are_still_checked(tmp_path):
   """The LM has neither variables nor an average: its old tree is all a restore needs; a changed
   parameter shape is still the error naming it, not damage."""
-  import orbax.checkpoint as ocp
-
-  from tests.conftest import tiny_config
-  from trainer import state as state_lib
 
   config = tiny_config()
   comp = components.build(config)
