@@ -5,6 +5,8 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+TEST_STAMP := $(VENV)/.installed-test
 TENSORBOARD_STAMP := $(VENV)/.installed-tensorboard
 LOGDIR ?= runs
 
@@ -21,18 +23,29 @@ $(STAMP): pyproject.toml constraints.txt $(if $(filter True,$(VENV_USABLE)),,FOR
 	  echo "making $(VENV) with $$python ($$($$python --version))"; \
 	  $$python -m venv --clear $(VENV) || exit 1; \
 	fi
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt .
 	touch $(STAMP)
+
+# What lint and `make check` add: pytest, ruff and the tests' small helpers (the `dev` extra).
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev]'
+	touch $(DEV_STAMP)
+
+# What the whole suite adds: torch and transformers, for the Hugging Face parity tests only (the
+# `parity` extra; README says what it costs). Training never imports them.
+$(TEST_STAMP): $(DEV_STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev,parity]'
+	touch $(TEST_STAMP)
 
 train: $(STAMP)
 	$(PY) main.py --config=configs/smoke_cpu.py --workdir=runs/smoke --cpu_devices=8
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
 # The whole suite, tests/test_slurm.py included; pyproject's `-ra` lists every skip with its reason.
-test: lint
+test: lint $(TEST_STAMP)
 	$(PY) -m pytest -q
 
 check: lint
@@ -40,13 +53,13 @@ check: lint
 
 # launch/slurm/train.sbatch on a real single-node SLURM (apt-get installs it when run as root).
 # Where SLURM cannot run the tests are skipped, and -rs prints why.
-test-slurm: $(STAMP)
+test-slurm: $(DEV_STAMP)
 	$(PY) -m pytest -q -rs tests/test_slurm.py
 
 # The TensorBoard viewer (the `tensorboard` extra, installed on first use; CI never installs it) on
 # every run under LOGDIR: `make tensorboard LOGDIR=runs/smoke`, then open http://localhost:6006.
 $(TENSORBOARD_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev,tensorboard]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[tensorboard]'
 	touch $(TENSORBOARD_STAMP)
 
 tensorboard: $(TENSORBOARD_STAMP)

@@ -18,6 +18,7 @@ from data import synthetic
 from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
 from model import losses
+from model.layers import RopeScaling
 from model.transformer import Decoder
 
 UNIT = "tokens"
@@ -28,10 +29,17 @@ LOGICAL_AXES = {"vocab": "mlp", "act_vocab": "act_mlp"}
 
 def check_config(config) -> None:
   m = config.model
-  if m.embed_dim % m.num_heads or (m.embed_dim // m.num_heads) % 2:
+  if m.head_dim and m.head_dim % 2:
+    raise UserError(f"model.head_dim={m.head_dim} must be even (RoPE rotates pairs)")
+  if not m.head_dim and (m.embed_dim % m.num_heads or (m.embed_dim // m.num_heads) % 2):
     raise UserError(
       f"model.embed_dim={m.embed_dim} must be a multiple of model.num_heads={m.num_heads} with an even "
-      f"head dimension (RoPE rotates pairs)"
+      f"head dimension (RoPE rotates pairs), or set model.head_dim"
+    )
+  if m.rope_scaling == "llama3" and m.rope_llama3_high_freq_factor <= m.rope_llama3_low_freq_factor:
+    raise UserError(
+      f"model.rope_llama3_high_freq_factor={m.rope_llama3_high_freq_factor} must exceed "
+      f"model.rope_llama3_low_freq_factor={m.rope_llama3_low_freq_factor}"
     )
   if m.num_kv_heads and m.num_heads % m.num_kv_heads:
     raise UserError(
@@ -52,16 +60,31 @@ def build_model(config, rngs: nnx.Rngs) -> Decoder:
     num_layers=m.num_layers,
     num_heads=m.num_heads,
     num_kv_heads=m.num_kv_heads,
+    head_dim=m.head_dim,
+    norm_eps=m.norm_eps,
     mlp_dim=m.mlp_dim,
     rope_base=m.rope_base,
+    rope_scaling=rope_scaling(m),
     compute_dtype=m.compute_dtype,
     attention=m.attention,
     scan_layers=m.scan_layers,
     remat=m.remat,
     tie_embeddings=m.tie_embeddings,
+    scale_tied_embeddings=m.scale_tied_embeddings,
     z_loss=m.z_loss,
     loss_chunk=m.loss_chunk,
     rngs=rngs,
+  )
+
+
+def rope_scaling(m) -> RopeScaling | None:
+  if m.rope_scaling == "none":
+    return None
+  return RopeScaling(
+    m.rope_llama3_factor,
+    m.rope_llama3_low_freq_factor,
+    m.rope_llama3_high_freq_factor,
+    m.rope_llama3_original_max_len,
   )
 
 
@@ -116,12 +139,13 @@ def data_sources(config) -> DataSources:
 
 def model_flops_per_example(config, param_count: int) -> float:
   """Forward and backward FLOPs of one sequence: 6 per matmul parameter per token, plus attention's
-  scores and mixing, 12 x layers x width x seq_len per token (PaLM's appendix B count: the full
-  square, though causal kernels may skip half). The embedding lookup is no matmul; a tied table is
-  still one, as the output projection."""
+  scores and mixing, 12 x layers x attention width (heads x head_dim) x seq_len per token (PaLM's
+  appendix B count: the full square, though causal kernels may skip half). The embedding lookup is
+  no matmul; a tied table is still one, as the output projection."""
   m, seq = config.model, config.data.seq_len
   matmul_params = param_count - (0 if m.tie_embeddings else m.vocab_size * m.embed_dim)
-  return seq * (6 * matmul_params + 12 * m.num_layers * m.embed_dim * seq)
+  width = m.num_heads * (m.head_dim or m.embed_dim // m.num_heads)
+  return seq * (6 * matmul_params + 12 * m.num_layers * width * seq)
 
 
 def example_batch(config) -> dict[str, np.ndarray]:

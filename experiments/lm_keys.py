@@ -40,12 +40,33 @@ KEYS = {
   "model.vocab_size": Key(64, whole(2), keys.MODEL, "Must be >= the data's vocabulary."),
   "model.embed_dim": Key(64, whole(2), keys.MODEL, "Width of the residual stream."),
   "model.num_layers": Key(2, whole(1), keys.MODEL, "Decoder blocks."),
-  "model.num_heads": Key(4, whole(1), keys.MODEL, "Attention heads; head_dim = embed_dim // num_heads."),
+  "model.num_heads": Key(4, whole(1), keys.MODEL, "Attention heads."),
+  "model.head_dim": Key(
+    0, whole(0), keys.MODEL, "Width of each attention head (even); 0: embed_dim // num_heads."
+  ),
   "model.num_kv_heads": Key(
     0, whole(0), keys.MODEL, "Key/value heads (grouped-query attention) dividing num_heads; 0: num_heads."
   ),
   "model.mlp_dim": Key(256, whole(1), keys.MODEL, "Hidden width of the SwiGLU MLP."),
-  "model.rope_base": Key(10_000.0, real(1.0, low_open=True), keys.MODEL, "RoPE frequency base."),
+  "model.rope_base": Key(10_000.0, real(1.0, low_open=True), keys.MODEL, "RoPE frequency base (theta)."),
+  "model.rope_scaling": Key(
+    "none",
+    one_of("none", "llama3"),
+    keys.MODEL,
+    "'llama3': Llama 3's RoPE frequency scaling (Hugging Face rope_type llama3) with the four "
+    "model.rope_llama3_* keys; 'none': plain RoPE.",
+  ),
+  "model.rope_llama3_factor": Key(8.0, real(1.0), keys.MODEL, "llama3 scaling: long wavelengths / factor."),
+  "model.rope_llama3_low_freq_factor": Key(
+    1.0, real(0.0, low_open=True), keys.MODEL, "llama3 scaling: wavelengths above original / this are scaled."
+  ),
+  "model.rope_llama3_high_freq_factor": Key(
+    4.0, real(0.0, low_open=True), keys.MODEL, "llama3 scaling: wavelengths below original / this are kept."
+  ),
+  "model.rope_llama3_original_max_len": Key(
+    8192, whole(1), keys.MODEL, "llama3 scaling: the context length the model was first trained with."
+  ),
+  "model.norm_eps": Key(1e-6, real(0.0, low_open=True), keys.MODEL, "RMSNorm's epsilon."),
   "model.attention": Key(
     "einsum",
     one_of("einsum", "xla", "cudnn", "auto"),
@@ -68,6 +89,13 @@ KEYS = {
     "'block_outputs' (model/transformer.py REMAT: what each keeps). Less memory for more compute.",
   ),
   "model.tie_embeddings": Key(False, boolean, keys.MODEL, "One table embeds and unembeds."),
+  "model.scale_tied_embeddings": Key(
+    True,
+    boolean,
+    keys.MODEL,
+    "Tied: the table starts at 1/sqrt(embed_dim) and lookups are scaled by sqrt(embed_dim); False: "
+    "neither (Llama's tied layout, which init_from of a Hugging Face model sets).",
+  ),
   "model.z_loss": Key(
     0.0, real(0.0), keys.MODEL, "Weight of z-loss (logsumexp^2 per token) added to the loss; 0: none."
   ),

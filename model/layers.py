@@ -1,12 +1,16 @@
-"""Layers the models share, in Flax NNX, each parameter with logical axis names: RMSNorm, RoPE,
-multi-head attention (causal or not, with or without RoPE; our einsums or jax.nn.dot_product_attention),
-SwiGLU.
+"""Layers the models share, in Flax NNX, each parameter with logical axis names: RMSNorm, RoPE (with
+Llama 3's frequency scaling or without), multi-head attention (causal or not, with or without RoPE;
+our einsums or jax.nn.dot_product_attention), SwiGLU.
 
 Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp.
 """
 
+import math
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from model.partitioning import constrain
@@ -29,11 +33,36 @@ class RMSNorm(nnx.Module):
     return (y * self.scale[...]).astype(x.dtype)
 
 
-def rope(x, positions, base: float):
-  """Rotary embedding on [B, L, H, K] with positions [B, L]."""
-  half = x.shape[-1] // 2
-  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [K/2]
-  angle = positions[..., None, None].astype(jnp.float32) * freq  # [B, L, 1, K/2]
+class RopeScaling(NamedTuple):
+  """Llama 3's RoPE scaling (Hugging Face `rope_type: llama3`): frequencies whose wavelength exceeds
+  original_max_len / low_freq_factor are divided by `factor`, those below original_max_len /
+  high_freq_factor kept, and those between blended smoothly."""
+
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_len: int
+
+
+def rope_frequencies(head_dim: int, base: float, scaling: RopeScaling | None = None) -> np.ndarray:
+  """float32[K/2]: the rotation frequency of each pair of dimensions, computed as transformers does
+  (in float32, 1 / base^(2i/K)), so that positions rotate alike in both."""
+  inv = 1.0 / (np.float32(base) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+  inv = inv.astype(np.float32)
+  if scaling is None:
+    return inv
+  f, low, high, original = scaling
+  wavelen = 2 * math.pi / inv
+  scaled = np.where(wavelen > original / low, inv / f, inv)
+  smooth = (original / wavelen - low) / (high - low)
+  medium = (wavelen >= original / high) & (wavelen <= original / low)
+  return np.where(medium, (1 - smooth) * scaled / f + smooth * scaled, scaled).astype(np.float32)
+
+
+def rope(x, positions, freq: np.ndarray):
+  """Rotary embedding on [B, L, H, K] with positions [B, L] and `freq` [K/2] (rope_frequencies): the
+  two halves of K are the pairs' two coordinates (Hugging Face's Llama layout)."""
+  angle = positions[..., None, None].astype(jnp.float32) * jnp.asarray(freq)  # [B, L, 1, K/2]
   sin, cos = jnp.sin(angle), jnp.cos(angle)
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -64,10 +93,12 @@ class Attention(nnx.Module):
     rope_base: float = 10_000.0,
     *,
     num_kv_heads: int = 0,
+    head_dim: int = 0,
+    rope_scaling: RopeScaling | None = None,
     impl: str = "einsum",
     rngs: nnx.Rngs,
   ):
-    head_dim, kv_heads = dim // num_heads, num_kv_heads or num_heads
+    head_dim, kv_heads = head_dim or dim // num_heads, num_kv_heads or num_heads
     if num_heads % kv_heads:
       raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={kv_heads}")
     if impl not in ATTENTION:
@@ -78,7 +109,7 @@ class Attention(nnx.Module):
     self.wv = param(rngs, w, (dim, kv_heads, head_dim), ("embed", "heads", "kv"))
     wo = _init.lecun_normal(in_axis=(0, 1), out_axis=2)
     self.wo = param(rngs, wo, (num_heads, head_dim, dim), ("heads", "kv", "embed"))
-    self.rope_base = rope_base
+    self.rope_base, self.rope_scaling = rope_base, rope_scaling
     self.impl = impl
 
   def __call__(self, x, positions=None, mask=None, causal=False):
@@ -90,7 +121,8 @@ class Attention(nnx.Module):
     v = jnp.einsum("bld,dgk->blgk", x, self.wv[...].astype(dt))
     q = constrain(q, ("batch", "act_seq", "act_heads", "act_kv"))
     if positions is not None:
-      q, k = rope(q, positions, self.rope_base), rope(k, positions, self.rope_base)
+      freq = rope_frequencies(q.shape[-1], self.rope_base, self.rope_scaling)
+      q, k = rope(q, positions, freq), rope(k, positions, freq)
     if self.impl != "einsum":
       out = jax.nn.dot_product_attention(
         q,

@@ -1,5 +1,6 @@
-"""A Llama-style decoder in Flax NNX: RMSNorm, RoPE, SwiGLU, causal attention, tied or untied
-embeddings; its blocks unrolled or scanned, each rematerialized by a named policy or not.
+"""A Llama-style decoder in Flax NNX: RMSNorm, RoPE (Llama 3's scaling optional), SwiGLU, causal
+grouped-query attention, tied or untied embeddings; its blocks unrolled or scanned, each rematerialized
+by a named policy or not. Hugging Face's Llama maps onto it one to one (model/hf_llama.py).
 
 Every parameter carries logical axis names; activations are constrained where it matters.
 Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp, V vocab.
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from model.layers import Attention, RMSNorm, SwiGLU, param
+from model.layers import Attention, RMSNorm, RopeScaling, SwiGLU, param
 from model.partitioning import constrain
 
 _init = nnx.initializers
@@ -28,10 +29,10 @@ REMAT = {
 
 
 class Block(nnx.Module):
-  def __init__(self, dim, num_heads, mlp_dim, rope_base, num_kv_heads=0, attention="einsum", *, rngs):
-    self.attn_norm = RMSNorm(dim, rngs=rngs)
-    self.attn = Attention(dim, num_heads, rope_base, num_kv_heads=num_kv_heads, impl=attention, rngs=rngs)
-    self.mlp_norm = RMSNorm(dim, rngs=rngs)
+  def __init__(self, dim, num_heads, mlp_dim, rope_base, *, norm_eps, rngs, **attention):
+    self.attn_norm = RMSNorm(dim, eps=norm_eps, rngs=rngs)
+    self.attn = Attention(dim, num_heads, rope_base, rngs=rngs, **attention)
+    self.mlp_norm = RMSNorm(dim, eps=norm_eps, rngs=rngs)
     self.mlp = SwiGLU(dim, mlp_dim, rngs=rngs)
 
   def __call__(self, x, positions, mask):
@@ -54,21 +55,37 @@ class Decoder(nnx.Module):
     rope_base: float,
     compute_dtype: str,
     num_kv_heads: int = 0,
+    head_dim: int = 0,
+    norm_eps: float = 1e-6,
+    rope_scaling: RopeScaling | None = None,
     attention: str = "einsum",
     scan_layers: bool = False,
     remat: str = "none",
     tie_embeddings: bool = False,
+    scale_tied_embeddings: bool = True,
     z_loss: float = 0.0,
     loss_chunk: int = 0,
     rngs: nnx.Rngs,
   ):
-    if embed_dim % num_heads or (embed_dim // num_heads) % 2:
-      raise ValueError("embed_dim must be a multiple of num_heads with an even head_dim")
+    if not head_dim and embed_dim % num_heads:
+      raise ValueError("embed_dim must be a multiple of num_heads unless head_dim is given")
+    head_dim = head_dim or embed_dim // num_heads
+    if head_dim % 2:
+      raise ValueError(f"head_dim={head_dim} must be even (RoPE rotates pairs)")
     if remat not in REMAT:
       raise ValueError(f"remat {remat!r}: use one of {sorted(REMAT)}")
-    block_args = (embed_dim, num_heads, mlp_dim, rope_base, num_kv_heads, attention)
-    # Tied: the table also unembeds, so it starts small (1/sqrt(D)) and lookups are scaled back up.
-    table_init = _init.normal(1.0 / math.sqrt(embed_dim) if tie_embeddings else 1.0)
+    block_args = (embed_dim, num_heads, mlp_dim, rope_base)
+    block_kwargs = dict(
+      norm_eps=norm_eps,
+      num_kv_heads=num_kv_heads,
+      head_dim=head_dim,
+      rope_scaling=rope_scaling,
+      impl=attention,
+    )
+    # Tied and scaled: the table also unembeds, so it starts small (1/sqrt(D)) and lookups are scaled
+    # back up. Llama's tied table (scale_tied_embeddings=False) is looked up as it is.
+    self.scale_embed = tie_embeddings and scale_tied_embeddings
+    table_init = _init.normal(1.0 / math.sqrt(embed_dim) if self.scale_embed else 1.0)
     # One axis only on the table: a lookup into a table sharded on both axes rematerializes it.
     self.embed = param(rngs, table_init, (vocab_size, embed_dim), ("vocab", None))
     if scan_layers:
@@ -76,12 +93,12 @@ class Decoder(nnx.Module):
       @nnx.split_rngs(splits=num_layers)
       @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
       def stacked(rngs):
-        return Block(*block_args, rngs=rngs)
+        return Block(*block_args, rngs=rngs, **block_kwargs)
 
       self.layers = stacked(rngs)
     else:
-      self.blocks = nnx.List([Block(*block_args, rngs=rngs) for _ in range(num_layers)])
-    self.final_norm = RMSNorm(embed_dim, rngs=rngs)
+      self.blocks = nnx.List([Block(*block_args, rngs=rngs, **block_kwargs) for _ in range(num_layers)])
+    self.final_norm = RMSNorm(embed_dim, eps=norm_eps, rngs=rngs)
     if not tie_embeddings:
       self.unembed = param(rngs, _init.lecun_normal(), (embed_dim, vocab_size), ("embed", "vocab"))
     self.compute_dtype = jnp.dtype(compute_dtype)
@@ -104,7 +121,7 @@ class Decoder(nnx.Module):
     else:
       positions = jnp.broadcast_to(jnp.arange(n), (b, n))
     x = jnp.take(self.embed[...], tokens, axis=0).astype(self.compute_dtype)
-    if self.tie_embeddings:
+    if self.scale_embed:
       x = x * jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype))
     x = constrain(x, ("batch", "act_seq", "act_embed"))
 
