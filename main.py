@@ -139,7 +139,8 @@ def main(argv):
       )
     from trainer.run import run
 
-    run(_CONFIG.value, _WORKDIR.value, _MODE.value, target_device=_TARGET_DEVICE.value)
+    given = set(config_flags.get_override_values(flags.FLAGS["config"]))
+    run(_CONFIG.value, _WORKDIR.value, _MODE.value, target_device=_TARGET_DEVICE.value, given=given)
   except interrupts.Interrupted as e:
     _interrupted(e)
   except Exception as e:  # noqa: BLE001 - classified (trainer/cluster/failures.py), else the traceback.

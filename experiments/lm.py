@@ -8,6 +8,7 @@ The experiment contract this module fulfils is in experiments/__init__.py.
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,7 @@ from flax import nnx
 from data import synthetic
 from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
-from model import losses
+from model import hf_llama, losses
 from model.layers import RopeScaling
 from model.transformer import Decoder
 
@@ -100,6 +101,16 @@ def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None):
   if z_loss:
     metrics.update(xent=sums["xent"], z_loss=sums["z_loss"])
   return sums["xent"] + sums.get("z_loss", 0.0), jnp.sum(w), metrics
+
+
+def pretrained_keys(path: str) -> dict:
+  """The model keys a Hugging Face Llama directory's config.json fixes (trainer/init_from.py)."""
+  return hf_llama.config_keys(hf_llama.read_config(path), os.path.join(path, hf_llama.CONFIG))
+
+
+def open_pretrained(path: str, config, leaves) -> hf_llama.Pretrained:
+  """Its safetensors, read slice by slice into our params."""
+  return hf_llama.Pretrained(path, leaves, tied=config.model.tie_embeddings)
 
 
 def data_sources(config) -> DataSources:

@@ -126,9 +126,15 @@ def build(config, devices=None, with_data: bool = True) -> Components:
 
 
 def init_state(comp: Components, config) -> state_lib.TrainState:
-  """A fresh train state from config.seed, initialized directly into comp's shardings."""
+  """A fresh train state from config.seed, initialized directly into comp's shardings; with
+  config.init_from, its params from there (trainer/init_from.py)."""
   build = lambda rngs: comp.experiment.build_model(config, rngs)
-  return state_lib.init_state(build, comp.mdef, comp.tx, comp.shardings, config.seed)
+  given = None
+  if config.init_from:
+    from trainer import init_from
+
+    given = init_from.initial_params(comp, config)
+  return state_lib.init_state(build, comp.mdef, comp.tx, comp.shardings, config.seed, given)
 
 
 def build_for_compile(config, devices=None) -> tuple[Components, dict]:

@@ -8,9 +8,12 @@ from errors import UserError
 MODES = ("train", "eval", "inspect", "verify")
 
 
-def run(config, workdir: str, mode: str, target_device: str | None = None) -> None:
+def run(config, workdir: str, mode: str, target_device: str | None = None, given=()) -> None:
+  """`given`: the dotted keys set on the command line (init_from's keys must agree with them)."""
+  from trainer import init_from
   from trainer.cluster import runtime
 
+  init_from.configure(config, workdir, given)
   runtime.use_compilation_cache(config.compilation_cache, workdir)
   if mode == "train":
     import trainer

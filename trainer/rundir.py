@@ -15,6 +15,10 @@ def config(workdir: str) -> str:
   return os.path.join(workdir, "config.json")  # The resolved config.
 
 
+def init_from(workdir: str) -> str:
+  return os.path.join(workdir, "init_from.json")  # Where the initial params came from, and the keys they set.
+
+
 def metrics(workdir: str) -> str:
   return os.path.join(workdir, "metrics.jsonl")  # Process 0: one row per logged step and event.
 

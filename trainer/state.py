@@ -130,13 +130,17 @@ def _check_divisible(abstract_params, shardings, what: str = "parameter") -> Non
         )
 
 
-def init_state(build_model, mdef: ModelDef, tx, shardings: TrainState, seed: int) -> TrainState:
-  """Initializes params and optimizer state directly into their shards (jit with out_shardings)."""
+def init_state(build_model, mdef: ModelDef, tx, shardings: TrainState, seed: int, given=None) -> TrainState:
+  """Initializes params and optimizer state directly into their shards (jit with out_shardings).
+  `given`: (params, variables or None) already placed in their shards, used instead of the model's
+  initialization (which XLA then leaves out); the optimizer state starts fresh for them."""
 
-  def init():
+  def init(given):
     with nnx.use_eager_sharding(False):
       model = build_model(nnx.Rngs(params=seed))
     params, variables = split(model)
+    if given is not None:
+      params, variables = given[0], variables if given[1] is None else given[1]
     return TrainState(
       step=jnp.zeros((), jnp.int32),
       params=params,
@@ -146,7 +150,7 @@ def init_state(build_model, mdef: ModelDef, tx, shardings: TrainState, seed: int
       rng=jax.random.fold_in(jax.random.PRNGKey(seed), 1),
     )
 
-  return jax.jit(init, out_shardings=shardings)()
+  return jax.jit(init, out_shardings=shardings, donate_argnums=0)(given)
 
 
 def abstract_shapes(mdef: ModelDef, tx, ema: bool) -> TrainState:

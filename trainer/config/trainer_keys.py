@@ -23,6 +23,14 @@ KEYS = {
     keys.refused("another experiment's model and loss"),
     "Module name under experiments/: what is trained (model, loss, data).",
   ),
+  "init_from": Key(
+    "",
+    text,
+    keys.FREE,
+    "Initial params: a Hugging Face model directory the experiment reads (the LM: Llama's config.json "
+    "and safetensors), or another run's workdir (its newest checkpoint). Step 0, a fresh optimizer; the "
+    "shape keys come from config.json. Ignored once the workdir has checkpoints (trainer/init_from.py).",
+  ),
   "steps": Key(
     100,
     whole(1),

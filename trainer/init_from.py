@@ -1,0 +1,175 @@
+"""`--config.init_from=PATH`: a run that starts from pretrained params instead of random ones.
+
+PATH is either another run's workdir (the params, and variables, of its newest checkpoint) or a
+directory in a format the experiment reads (the LM: a Hugging Face Llama). The trainer knows only
+this much; the experiment maps names and layouts through two optional names of its contract:
+
+  pretrained_keys(path) -> {dotted key: (value, where it comes from)}
+      The config keys the pretrained model fixes (its shapes), and an `errors.UserError` for
+      anything the experiment's model cannot represent.
+  open_pretrained(path, config, leaves) -> reader
+      `reader.read(leaf, shape, index)`: the numpy slice `index` of parameter `leaf` (a tuple of
+      tree-path names), read from the files without reading the rest; `reader.bytes_read` so far.
+
+The run starts at step 0 with a fresh optimizer (and its moving average from these params). Each
+parameter is assembled on the mesh from its devices' slices (jax.make_array_from_callback): a process
+reads only the slices its devices hold, once each, so no host ever holds a whole model. Once the
+workdir has checkpoints, resuming wins and init_from is ignored (said once); the keys it set are
+kept in WORKDIR/init_from.json, so a resume needs PATH no more.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from errors import UserError
+from trainer import rundir
+from trainer import state as state_lib
+from trainer.checkpoint import store
+from trainer.config import assemble
+from trainer.observe.metrics import console
+
+
+def configure(config, workdir: str, given=()) -> None:
+  """Sets the keys the pretrained model fixes in `config`: a key given on the command line
+  (`given`, dotted names) with another value is an error naming both."""
+  path = config.init_from
+  if not path:
+    return
+  record = rundir.read_json_object(rundir.init_from(workdir)) or {}
+  if store.has_checkpoints(workdir):
+    console(f"init_from={path} is ignored: {workdir} has checkpoints, and the run resumes from them")
+    keys = record.get("keys")
+    if keys is None:
+      keys = _keys(path, config) if os.path.isdir(path) else {}
+  else:
+    keys = _keys(path, config)
+    if jax.process_index() == 0:
+      os.makedirs(workdir, exist_ok=True)
+      with open(rundir.init_from(workdir), "w") as f:
+        json.dump({"path": os.path.abspath(path), "keys": keys}, f, indent=2)
+  changed = []
+  for dotted, (value, source) in keys.items():
+    current = _get(config, dotted)
+    if dotted in given and current != value:
+      raise UserError(
+        f"--config.{dotted}={current} disagrees with init_from={path}: its {source} makes it {value}; "
+        f"drop --config.{dotted}"
+      )
+    if current != value:
+      assemble.set_key(config, dotted, value)
+      changed.append(f"{dotted}={value}")
+  if changed:
+    console(f"init_from={path} sets {', '.join(changed)}")
+
+
+def _keys(path: str, config) -> dict:
+  if not os.path.isdir(path):
+    raise UserError(f"init_from={path} is not a directory")
+  if store.has_checkpoints(path):
+    return {}  # Another run: its shapes must be this config's (checked parameter by parameter).
+  from trainer import components
+
+  experiment = components.load_experiment(config)
+  if not hasattr(experiment, "pretrained_keys"):
+    raise UserError(
+      f"init_from={path} has no checkpoints/ of a run, and experiments/{config.experiment}.py reads no "
+      "pretrained format (pretrained_keys, open_pretrained: trainer/init_from.py)"
+    )
+  return {k: list(v) for k, v in experiment.pretrained_keys(path).items()}
+
+
+def _get(config, dotted: str):
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
+def initial_params(comp, config) -> tuple[dict, dict | None]:
+  """(params, variables or None for the model's own) placed in comp's shardings, from
+  config.init_from. Every process says what it read of the files and what its devices hold."""
+  path = config.init_from
+  if store.has_checkpoints(path):
+    return _from_run(path, comp, config)
+  leaves = [
+    tuple(state_lib.path_keys(p)) for p, _ in jax.tree_util.tree_flatten_with_path(comp.mdef.params)[0]
+  ]
+  reader = comp.experiment.open_pretrained(path, config, leaves)
+  held = [0]
+
+  def place(p, abstract, sharding):
+    leaf, done = tuple(state_lib.path_keys(p)), {}
+
+    def read(index):
+      key = tuple((s.start, s.stop) for s in index)  # Devices holding the same slice share one read.
+      if key not in done:
+        done[key] = np.asarray(reader.read(leaf, abstract.shape, index), abstract.dtype)
+        held[0] += done[key].nbytes
+      return done[key]
+
+    return jax.make_array_from_callback(abstract.shape, sharding, read)
+
+  params = jax.tree_util.tree_map_with_path(place, comp.mdef.params, comp.shardings.params)
+  total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  mib = lambda n: f"{n / 2**20:,.1f} MiB"
+  print(
+    f"init_from: process {jax.process_index()} read {mib(reader.bytes_read)} of {path} for the "
+    f"{mib(held[0])} of params its devices hold (the model: {mib(total)})",
+    flush=True,
+  )
+  return params, None
+
+
+def _from_run(path: str, comp, config) -> tuple[dict, dict | None]:
+  """Params (and variables, when the run has the same) of another run's newest checkpoint."""
+  directory = rundir.checkpoints(os.path.abspath(path))
+  options = ocp.CheckpointManagerOptions(read_only=True)
+  with ocp.CheckpointManager(
+    directory, options=options, item_handlers=store.Checkpoints.item_handlers()
+  ) as m:
+    step = m.latest_step()
+    if step is None:
+      raise UserError(f"init_from={path}: no finished checkpoint in {directory}")
+    saved = m.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+    metadata = m.item_metadata(step)["state"]
+  if saved.get("experiment") != config.experiment:
+    raise UserError(
+      f"init_from={path} is a run of experiment {saved.get('experiment')!r}, this one of "
+      f"{config.experiment!r}"
+    )
+  target = {"params": _target(comp.mdef.params, comp.shardings.params)}
+  _check_shapes("params", metadata["params"], target["params"], path, step)
+  with_variables = bool(comp.mdef.variables) and "variables" in metadata
+  if with_variables:
+    target["variables"] = _target(comp.mdef.variables, comp.shardings.variables)
+    _check_shapes("variables", metadata["variables"], target["variables"], path, step)
+  restored = ocp.PyTreeCheckpointer().restore(
+    os.path.join(directory, str(step), "state"),
+    args=ocp.args.PyTreeRestore(
+      item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+    ),
+  )
+  console(f"initial params from checkpoint {step} of {path}")
+  return restored["params"], restored.get("variables")
+
+
+def _target(abstract, shardings):
+  return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract, shardings)
+
+
+def _check_shapes(part: str, saved, target, path: str, step: int) -> None:
+  flat = lambda tree: {
+    "/".join(state_lib.path_keys(p)): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+  ours, theirs = flat(target), flat(saved)
+  differ = [f"{n} {list(theirs.get(n, ()))} -> {list(s)}" for n, s in ours.items() if theirs.get(n) != s]
+  if differ or set(theirs) - set(ours):
+    extra = sorted(set(theirs) - set(ours))
+    raise UserError(
+      f"init_from={path}: checkpoint {step}'s {part} are not this model's: "
+      + "; ".join(differ[:4] + [f"{n} not in this model" for n in extra[:4]])
+    )
