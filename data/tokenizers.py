@@ -1,7 +1,9 @@
 """Tokenizers for data/prepare.py: bytes (the default), Hugging Face `tokenizers` files (loaded, or a
 byte-level BPE trained on the corpus) and SentencePiece models (optional: install sentencepiece);
-`for_dataset` gives a prepared data set's own tokenizer back, to decode what a model writes."""
+`for_dataset` gives a prepared data set's own tokenizer back, to decode what a model writes, and
+`write_hf_tokenizer` writes it for transformers."""
 
+import json
 import os
 
 import numpy as np
@@ -180,3 +182,57 @@ def decode_documents(records) -> list[bytes]:
 def _check_byte_ids(ids: np.ndarray) -> None:
   if ids.size and (ids.min() < 0 or ids.max() >= BYTE_VOCAB_SIZE):
     raise ValueError(f"token ids must be in [0, {BYTE_VOCAB_SIZE}) for the byte tokenizer")
+
+
+def _byte_chars() -> list[str]:
+  """GPT-2's printable stand-in for each byte (what a byte-level Hugging Face tokenizer stores)."""
+  keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+  chars, extra = {}, 0
+  for b in range(256):
+    if b in keep:
+      chars[b] = chr(b)
+    else:
+      chars[b] = chr(256 + extra)
+      extra += 1
+  return [chars[b] for b in range(256)]
+
+
+def byte_tokenizer_json() -> str:
+  """The byte tokenizer (id 0 pads, 1 ends a document, byte b is b + 2) as a Hugging Face
+  tokenizer.json: a byte-level BPE without merges, so its ids are exactly ByteTokenizer's."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+  vocab = {PAD_TOKENS[0]: PAD_ID, EOS_TOKENS[0]: EOS_ID}
+  vocab |= {c: b + BYTE_OFFSET for b, c in enumerate(_byte_chars())}
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([PAD_TOKENS[0], EOS_TOKENS[0]])
+  return tok.to_str()
+
+
+def write_hf_tokenizer(metadata: dict, directory: str, out: str) -> bool:
+  """Writes a prepared data set's tokenizer as the files transformers' AutoTokenizer reads
+  (tokenizer.json, tokenizer_config.json) into `out`; False when it has none it can write."""
+  from tokenizers import Tokenizer
+
+  if metadata["tokenizer"] == "byte":
+    text = byte_tokenizer_json()
+  elif metadata["tokenizer"] == HFTokenizer.name:
+    with open(os.path.join(directory, TOKENIZER_FILE)) as f:
+      text = f.read()
+  else:
+    return False
+  tok = Tokenizer.from_str(text)
+  with open(os.path.join(out, TOKENIZER_FILE), "w") as f:
+    f.write(text)
+  tokenizer_config = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "eos_token": tok.id_to_token(metadata["eos_id"]),
+    "pad_token": tok.id_to_token(metadata["pad_id"]),
+    "model_max_length": metadata["seq_len"],
+    "clean_up_tokenization_spaces": False,
+  }
+  with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+    json.dump(tokenizer_config, f, indent=2)
+  return True

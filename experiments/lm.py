@@ -113,6 +113,27 @@ def open_pretrained(path: str, config, leaves) -> hf_llama.Pretrained:
   return hf_llama.Pretrained(path, leaves, tied=config.model.tie_embeddings)
 
 
+def export_hf(run, out: str, weights: dict) -> list[str]:
+  """A Hugging Face Llama directory of `weights` (trainer.modes.export --format=hf), with the data
+  set's tokenizer when it has one; what was written, for the command's last line."""
+  from model import hf_export
+
+  config, special, written = run.config, {}, []
+  if config.data.source == "arrayrecord":
+    from data import arrayrecord, tokenizers
+
+    metadata = arrayrecord.load_metadata(config.data.path)
+    special = {"eos_token_id": metadata["eos_id"], "pad_token_id": metadata["pad_id"]}
+    os.makedirs(out, exist_ok=True)
+    if tokenizers.write_hf_tokenizer(metadata, config.data.path, out):
+      written.append(f"its {metadata['tokenizer']} tokenizer")
+  files = hf_export.write(out, config.model, weights, special)
+  return [f"{files} safetensors file{'s' * (files > 1)}", "config.json", "generation_config.json", *written]
+
+
+EXPORT_FORMATS = {"hf": export_hf}
+
+
 def data_sources(config) -> DataSources:
   d = config.data
   if d.source == "synthetic":
