@@ -184,43 +184,58 @@ def check_exportable(m) -> None:
 # --- Reading tensors from a safetensors directory, slice by slice
 
 
+# safetensors' dtypes as numpy reads them; bfloat16 is read as its 16 bits and widened.
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+
 class Tensors:
-  """The tensors of a Hugging Face model directory, one file or sharded with an index, opened lazily;
-  `bytes_read` counts what has been read."""
+  """The tensors of a Hugging Face model directory, one file or sharded with an index, mapped from
+  the files (np.memmap: a slice reads only its bytes); `bytes_read` counts what slices have read.
+  Its own reader of the safetensors layout (8 bytes of header length, a JSON header, the data), as
+  safetensors' numpy API cannot slice bfloat16, the dtype most checkpoints have."""
 
   def __init__(self, path: str):
-    from safetensors import safe_open
-
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
       with open(index) as f:
-        files = json.load(f)["weight_map"]
+        files = sorted(set(json.load(f)["weight_map"].values()))
     elif os.path.isfile(os.path.join(path, SINGLE)):
-      files = None
+      files = [SINGLE]
     else:
       raise UserError(f"init_from={path} has neither {SINGLE} nor {INDEX}")
-    self._handles, self._where, self.bytes_read = {}, {}, 0
-    for file in sorted(set(files.values())) if files else [SINGLE]:
-      handle = safe_open(os.path.join(path, file), framework="numpy")
-      self._handles[file] = handle
-      for name in handle.keys():
-        self._where[name] = file
-    self.path = path
+    self.path, self._meta, self.bytes_read = path, {}, 0
+    for file in files:
+      full = os.path.join(path, file)
+      try:
+        with open(full, "rb") as f:
+          size = int.from_bytes(f.read(8), "little")
+          header = json.loads(f.read(size))
+      except (OSError, ValueError) as e:
+        raise UserError(f"init_from={path}: {file} is not a readable safetensors file ({e})") from None
+      for name, info in header.items():
+        if name != "__metadata__":
+          self._meta[name] = (full, 8 + size + info["data_offsets"][0], info["dtype"], tuple(info["shape"]))
 
   def names(self) -> set[str]:
-    return set(self._where)
+    return set(self._meta)
 
   def shape(self, name: str) -> tuple[int, ...]:
-    return tuple(self._slice(name).get_shape())
+    return self._info(name)[3]
 
-  def _slice(self, name: str):
-    if name not in self._where:
+  def _info(self, name: str):
+    if name not in self._meta:
       raise UserError(f"init_from={self.path} has no tensor {name}")
-    return self._handles[self._where[name]].get_slice(name)
+    return self._meta[name]
 
   def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
-    out = np.asarray(self._slice(name)[index])
+    file, offset, dtype, shape = self._info(name)
+    if dtype not in _DTYPES:
+      raise UserError(f"init_from={self.path}: {name} is {dtype}; this reads {', '.join(_DTYPES)}")
+    mapped = np.memmap(file, _DTYPES[dtype], "r", offset, shape)
+    out = np.array(mapped[index])
     self.bytes_read += out.nbytes
+    if dtype == "BF16":
+      out = (out.astype(np.uint32) << 16).view(np.float32)
     return out
 
 

@@ -115,10 +115,9 @@ def initial_params(comp, config) -> tuple[dict, dict | None]:
 
   params = jax.tree_util.tree_map_with_path(place, comp.mdef.params, comp.shardings.params)
   total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-  mib = lambda n: f"{n / 2**20:,.1f} MiB"
   print(
-    f"init_from: process {jax.process_index()} read {mib(reader.bytes_read)} of {path} for the "
-    f"{mib(held[0])} of params its devices hold (the model: {mib(total)})",
+    f"init_from: process {jax.process_index()} read {reader.bytes_read:,} bytes of {path} for the "
+    f"{held[0]:,} bytes of params its devices hold (the model's: {total:,})",
     flush=True,
   )
   return params, None
