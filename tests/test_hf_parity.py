@@ -268,3 +268,37 @@ def test_a_trained_run_exports_what_transformers_loads(tmp_path):
   auto = transformers.AutoTokenizer.from_pretrained(str(bpe_out))
   assert auto(sample, add_special_tokens=False)["input_ids"] == list(ids)
   assert auto.eos_token_id == metadata["eos_id"] and auto.pad_token_id == metadata["pad_id"]
+
+
+def test_two_processes_each_read_only_the_half_their_devices_hold(tmp_path):
+  """2 processes x 4 devices, FSDP over all 8 (every parameter split, fsdp_min_size=0): each process
+  reads half of the params' bytes, exactly what its devices hold."""
+  from tests.test_local_launcher import _launch
+
+  path = str(tmp_path / "llama")
+  config = transformers.LlamaConfig(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4
+  )
+  transformers.LlamaForCausalLM(config).save_pretrained(path)
+  flags = [f"--config.init_from={path}", "--config.steps=1", "--config.sharding.strategy=fsdp"]
+  flags += ["--config.mesh.dcn_fsdp=2", "--config.sharding.fsdp_min_size=0"]
+  result = _launch(
+    "--processes=2",
+    "--cpu_devices=4",
+    "--",
+    "--config=configs/smoke_cpu.py:tiny,fsdp=4",
+    *flags,
+    f"--workdir={tmp_path / 'run'}",
+    tag=str(tmp_path),
+    timeout=240,
+  )
+  assert result.returncode == 0, result.stdout + result.stderr
+  reads, total = {}, None
+  for line in result.stdout.splitlines():
+    if "] init_from: process" in line:
+      words = line.split()
+      reads[int(words[3])] = (int(words[5].replace(",", "")), int(words[11].replace(",", "")))
+      total = int(words[-1].rstrip(")").replace(",", ""))
+  assert sorted(reads) == [0, 1], result.stdout
+  assert total == 4 * (2 * 512 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64)
+  assert reads == {0: (total // 2, total // 2), 1: (total // 2, total // 2)}
