@@ -1,4 +1,5 @@
-"""A Llama-3.2-1B-shaped decoder LM (1.24B parameters, tied embeddings) for 8 hosts of 8 GPUs.
+"""Llama 3.2 1B's decoder (1.24B parameters, tied embeddings, its RoPE scaling and RMSNorm epsilon)
+for 8 hosts of 8 GPUs: `--config.init_from=DIR` of its Hugging Face weights starts from them as is.
 
 Recipe:
   python -m data.prepare --input='corpus/*.txt' --output=/shared/data/corpus --seq_len=2048 \
@@ -8,7 +9,8 @@ Recipe:
 Hardware: 8 hosts x 8 GPUs (H100/H200, 80 GB class). FSDP over all 64 GPUs: mesh.fsdp=-1 fills a host,
 mesh.dcn_fsdp=8 spans the hosts (outermost, so within-host collectives stay on NVLink).
 Model: d_model 2048, 16 scanned layers, 32 query / 8 key-value heads of 64, SwiGLU 8192, RoPE base
-500k, vocabulary 128,256, tied embeddings, bf16 compute with fp32 params; the loss takes the logits
+500k with Llama 3's scaling (factor 32), RMSNorm epsilon 1e-5, vocabulary 128,256, tied embeddings
+looked up unscaled, bf16 compute with fp32 params; the loss takes the logits
 512 positions at a time (model.loss_chunk), never [batch, 2048, 128256] float32 at once.
 Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
 XLA's attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
@@ -49,11 +51,15 @@ def get_config(arg=None):
   c.model.num_kv_heads = 8
   c.model.mlp_dim = 8192
   c.model.rope_base = 500_000.0
+  c.model.rope_scaling = "llama3"
+  c.model.rope_llama3_factor = 32.0
+  c.model.norm_eps = 1e-5
   c.model.compute_dtype = "bfloat16"
   c.model.attention = "auto"  # cuDNN flash attention on GPUs, XLA on the laptop that inspects it.
   c.model.scan_layers = True
   c.model.remat = "dots_no_batch"  # Keeps the weight matmuls' outputs; recomputes attention.
   c.model.tie_embeddings = True
+  c.model.scale_tied_embeddings = False
   c.model.loss_chunk = 512
   c.model.z_loss = 1e-4
   c.optimizer.learning_rate = 3e-4

@@ -1,4 +1,5 @@
-"""A Llama-3-8B-shaped decoder LM (8.03B parameters) for 8 hosts of 8 GPUs.
+"""Llama 3.1 8B's decoder (8.03B parameters) for 8 hosts of 8 GPUs: `--config.init_from=DIR` of its
+Hugging Face weights starts from them as is.
 
 Recipe:
   python -m data.prepare --input='corpus/*.txt' --output=/shared/data/corpus --seq_len=4096 \
@@ -8,8 +9,9 @@ Recipe:
 Hardware: 8 hosts x 8 GPUs (H100/H200, 80 GB class). FSDP over all 64 GPUs: mesh.fsdp=-1 fills a host,
 mesh.dcn_fsdp=8 spans the hosts (outermost, so within-host collectives stay on NVLink).
 Model: d_model 4096, 32 scanned layers, 32 query / 8 key-value heads of 128, SwiGLU 14336, RoPE base
-500k, vocabulary 128,256, untied, bf16 compute with fp32 params, full remat (each layer's input kept,
-the rest recomputed), the loss taking the logits 256 positions at a time.
+500k with Llama 3's scaling (factor 8), RMSNorm epsilon 1e-5, vocabulary 128,256, untied, bf16
+compute with fp32 params, full remat (each layer's input kept, the rest recomputed), the loss taking
+the logits 256 positions at a time.
 Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
 XLA's attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
 gathers prefetch): params 0.50 GB + optimizer 1.01 GB, compiled step 40.6 GB on jax 0.12.0.1
@@ -35,6 +37,7 @@ def get_config(arg=None):
   c.model.mlp_dim = 14_336
   c.model.remat = "full"
   c.model.tie_embeddings = False
+  c.model.rope_llama3_factor = 8.0  # lm_1b's other RoPE and norm settings are Llama 3.1's too.
   c.model.loss_chunk = 256
   c.checkpoint.every = 500
   c.checks.recompute_every = 500  # Pure FSDP: no copies to compare; 1.1-1.2 steps per check.

@@ -234,9 +234,20 @@ class Tensors:
     mapped = np.memmap(file, _DTYPES[dtype], "r", offset, shape)
     out = np.array(mapped[index])
     self.bytes_read += out.nbytes
-    if dtype == "BF16":
-      out = (out.astype(np.uint32) << 16).view(np.float32)
+    if dtype == "BF16":  # Its 16 bits are a float32's upper half.
+      out = out.astype(np.uint32)
+      out <<= 16
+      out = out.view(np.float32)
     return out
+
+
+def hf_shape(lay: Layout, shape: tuple) -> tuple[int, ...]:
+  """The Hugging Face tensor's shape of one layer of ours (`shape`, without a scanned layer axis)."""
+  axes, at = [], 0
+  for size in lay.groups:
+    axes.append(math.prod(shape[at : at + size]))
+    at += size
+  return tuple(axes[::-1] if lay.transposed else axes)
 
 
 def _from_tensor(tensors: Tensors, lay: Layout, layer: int, shape: tuple, index: tuple) -> np.ndarray:
@@ -296,24 +307,21 @@ class Pretrained:
 
   def read(self, leaf: tuple[str, ...], shape: tuple[int, ...], index: tuple[slice, ...]) -> np.ndarray:
     lay, layer, scanned = layout(leaf)
-    full = self._hf_shape(lay, shape[1:] if scanned else shape)
+    full = hf_shape(lay, shape[1:] if scanned else shape)
     if scanned:
       start, stop, _ = index[0].indices(shape[0])
       for i in (start, stop - 1):
         self._check_shape(lay.name.format(i=i), full)
-      parts = [_from_tensor(self.tensors, lay, i, shape[1:], index[1:]) for i in range(start, stop)]
-      out = np.stack(parts)
+      out = None
+      for i in range(start, stop):  # Layer by layer into one array, never a second copy of it.
+        part = _from_tensor(self.tensors, lay, i, shape[1:], index[1:])
+        if out is None:
+          out = np.empty((stop - start, *part.shape), np.float32)
+        out[i - start] = part
     else:
       self._check_shape(lay.name.format(i=layer), full)
       out = _from_tensor(self.tensors, lay, layer, shape, index)
-    return out.astype(np.float32)
-
-  def _hf_shape(self, lay: Layout, shape: tuple) -> tuple[int, ...]:
-    axes, at = [], 0
-    for size in lay.groups:
-      axes.append(math.prod(shape[at : at + size]))
-      at += size
-    return tuple(axes[::-1] if lay.transposed else axes)
+    return out.astype(np.float32, copy=False)
 
   def _check_shape(self, name: str, expected: tuple) -> None:
     found = self.tensors.shape(name)
@@ -336,10 +344,7 @@ def hf_tensors(params: dict) -> dict[str, np.ndarray]:
     leaf = tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
     lay, layer, scanned = layout(leaf)
     for i, array in enumerate(value) if scanned else [(layer, value)]:
-      axes, at = [], 0
-      for size in lay.groups:
-        axes.append(math.prod(array.shape[at : at + size]))
-        at += size
-      flat = np.asarray(array).reshape(axes)
+      flat = np.asarray(array)
+      flat = flat.reshape(hf_shape(lay, flat.shape)[::-1] if lay.transposed else hf_shape(lay, flat.shape))
       out[lay.name.format(i=i)] = np.ascontiguousarray(flat.T if lay.transposed else flat)
   return out

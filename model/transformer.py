@@ -82,10 +82,10 @@ class Decoder(nnx.Module):
       rope_scaling=rope_scaling,
       impl=attention,
     )
-    # Tied and scaled: the table also unembeds, so it starts small (1/sqrt(D)) and lookups are scaled
-    # back up. Llama's tied table (scale_tied_embeddings=False) is looked up as it is.
+    # Tied: the table also unembeds, so it starts small (1/sqrt(D)), and lookups are scaled back up;
+    # Llama's tied table (scale_tied_embeddings=False) is looked up as it is.
     self.scale_embed = tie_embeddings and scale_tied_embeddings
-    table_init = _init.normal(1.0 / math.sqrt(embed_dim) if self.scale_embed else 1.0)
+    table_init = _init.normal(1.0 / math.sqrt(embed_dim) if tie_embeddings else 1.0)
     # One axis only on the table: a lookup into a table sharded on both axes rematerializes it.
     self.embed = param(rngs, table_init, (vocab_size, embed_dim), ("vocab", None))
     if scan_layers:

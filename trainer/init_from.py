@@ -12,8 +12,9 @@ this much; the experiment maps names and layouts through two optional names of i
       tree-path names), read from the files without reading the rest; `reader.bytes_read` so far.
 
 The run starts at step 0 with a fresh optimizer (and its moving average from these params). Each
-parameter is assembled on the mesh from its devices' slices (jax.make_array_from_callback): a process
-reads only the slices its devices hold, once each, so no host ever holds a whole model. Once the
+parameter is assembled on the mesh from its devices' slices: a process reads only the slices its
+devices hold, once each, and puts each on its devices before reading the next, so no host ever holds
+a whole model (benchmarks/init_from_memory.py measures it). Once the
 workdir has checkpoints, resuming wins and init_from is ignored (said once); the keys it set are
 kept in WORKDIR/init_from.json, so a resume needs PATH no more.
 """
@@ -102,16 +103,18 @@ def initial_params(comp, config) -> tuple[dict, dict | None]:
   held = [0]
 
   def place(p, abstract, sharding):
-    leaf, done = tuple(state_lib.path_keys(p)), {}
-
-    def read(index):
-      key = tuple((s.start, s.stop) for s in index)  # Devices holding the same slice share one read.
-      if key not in done:
-        done[key] = np.asarray(reader.read(leaf, abstract.shape, index), abstract.dtype)
-        held[0] += done[key].nbytes
-      return done[key]
-
-    return jax.make_array_from_callback(abstract.shape, sharding, read)
+    """One parameter from its devices' slices, each read once and put on its devices before the
+    next is read: beyond the shards, a process holds one slice at a time."""
+    leaf, devices = tuple(state_lib.path_keys(p)), {}
+    for device, index in sharding.addressable_devices_indices_map(abstract.shape).items():
+      devices.setdefault(tuple((s.start, s.stop) for s in index), (index, []))[1].append(device)
+    arrays = []
+    for index, on in devices.values():
+      host = np.asarray(reader.read(leaf, abstract.shape, index), abstract.dtype)
+      held[0] += host.nbytes
+      arrays += [jax.device_put(host, d) for d in on]
+      del host
+    return jax.make_array_from_single_device_arrays(abstract.shape, sharding, arrays)
 
   params = jax.tree_util.tree_map_with_path(place, comp.mdef.params, comp.shardings.params)
   total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
