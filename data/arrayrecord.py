@@ -88,7 +88,8 @@ def _open(reader, paths: list[str], directory: str):
 
 
 class ArrayRecordSource:
-  """Grain random-access source over one split: record i is {'tokens': int32[seq_len + 1]}.
+  """Grain random-access source over one split: record i is {'tokens': int32[seq_len + 1]}, and with
+  the data's loss weights (prompt/response examples) also {'loss_weights': uint8[seq_len + 1]}.
 
   Safe to share between Grain's reader threads (ArrayRecord keeps one thread-safe reader per shard).
   Pickling (for Grain worker processes) carries only the directory, split and seq_len; shards reopen.
@@ -122,7 +123,8 @@ class ArrayRecordSource:
         f"data.path={directory}: the {split!r} shards hold {len(self._source)} records but "
         f"{prepare.METADATA} says {self.num_records}; {_RERUN}"
       )
-    self._record_bytes = 4 * (seq_len + 1)
+    self.loss_weights = bool(self.metadata.get("loss_weights"))
+    self._record_bytes = (5 if self.loss_weights else 4) * (seq_len + 1)
 
   def __len__(self) -> int:
     return self.num_records
@@ -143,7 +145,11 @@ class ArrayRecordSource:
         f"record {index} of {self.split!r} in {self.directory} has {len(data)} bytes, not "
         f"{self._record_bytes}; the shards do not match {prepare.METADATA}"
       )
-    return {"tokens": np.frombuffer(data, "<i4").astype(np.int32)}
+    n = self.seq_len + 1
+    record = {"tokens": np.frombuffer(data, "<i4", n).astype(np.int32)}
+    if self.loss_weights:
+      record["loss_weights"] = np.frombuffer(data, np.uint8, n, 4 * n).copy()
+    return record
 
   def __getitems__(self, indices) -> list[dict[str, np.ndarray]]:
     return [self[i] for i in indices]

@@ -3,6 +3,8 @@
   python -m data.prepare --input='corpus/*.txt,extra.jsonl' --seq_len=N [--output=DIR]
       [--tokenizer=byte|PATH/tokenizer.json|PATH.model | --train_tokenizer=bpe:VOCAB]
       [--records_per_shard=K] [--eval_fraction=F] [--workers=N] [--jsonl_field=text] [--overwrite]
+      [--examples=pairs|chat [--prompt_field=prompt] [--response_field=response]
+       [--messages_field=messages] [--chat_template=plain|llama3]]
 
 Output: DIR, or by default `datasets/NAME` at the repository root (git ignores `datasets/`), NAME from
 the first input: the directory a glob reads (`corpus/*.txt` -> `datasets/corpus`) or a file's name
@@ -28,6 +30,11 @@ records of exactly seq_len + 1 tokens with stride seq_len + 1 (records never ove
 last record can be short: it is padded with pad_id, and metadata.json says how many of its tokens are
 real. A record is stored as seq_len + 1 little-endian int32 values, raw bytes: nothing is pickled.
 
+Fine-tuning examples (`--examples=pairs` or `chat`, .jsonl only): prompt/response pairs or chat
+message lists, packed whole into records with a uint8 loss weight per token after the tokens, so the
+loss counts the responses only (data/prepare_examples.py says how); metadata.json's `loss_weights`
+is true. Train on them with data.packing=True.
+
 Splits: the last records form `eval` (eval_fraction of them, at least one when there are two or more),
 the rest `train`, so the two never overlap. Shards are `SPLIT-00000-of-0000N.array_record`.
 The output is built in a sibling directory and renamed into place, so a crash never leaves a half
@@ -37,6 +44,7 @@ Here: where the output goes, the steps in order, metadata.json and the command l
 inputs is data/prepare_inputs.py; splitting and writing the shards, data/prepare_shards.py.
 """
 
+import functools
 import glob
 import json
 import math
@@ -48,8 +56,9 @@ import tempfile
 
 import numpy as np
 
+from data import prepare_examples
 from data.prepare_inputs import read_documents, resolve_inputs
-from data.prepare_shards import SPLITS, split_sizes, valid_in_last, write_shards
+from data.prepare_shards import SPLITS, split_sizes, stream_records, valid_in_last, write_shards
 from data.tokenize_stream import tokenize_to_file
 from data.tokenizers import (
   BYTE_VOCAB_SIZE,
@@ -129,6 +138,9 @@ def prepare(
   train_tokenizer: str = "",
   workers: int = 0,
   jsonl_field: str = "text",
+  examples: str = "",
+  fields: dict | None = None,
+  chat_template: str = "",
 ) -> dict:
   """Tokenizes the input files into ArrayRecord shards under `output`; returns the metadata written.
   `workers` > 0 tokenizes in that many processes, with the same output as 0 (this process).
@@ -143,6 +155,13 @@ def prepare(
     raise UserError(f"--workers must be >= 0 (got {workers}; 0 tokenizes in this process)")
   if not 0 <= eval_fraction < 1:
     raise UserError(f"--eval_fraction must be in [0, 1) (got {eval_fraction})")
+  if examples and examples not in prepare_examples.EXAMPLES:
+    raise UserError(f"--examples={examples}: use {' or '.join(prepare_examples.EXAMPLES)} (or leave it out)")
+  if chat_template and chat_template not in prepare_examples.TEMPLATES:
+    raise UserError(f"--chat_template={chat_template}: use one of {', '.join(prepare_examples.TEMPLATES)}")
+  if chat_template and not examples:
+    raise UserError("--chat_template renders --examples=pairs or chat; give --examples too")
+  fields = {"prompt": "prompt", "response": "response", "messages": "messages"} | (fields or {})
   given = output or default_output(inputs)
   output = os.path.abspath(given)
   _check_not_in_code(given, output)
@@ -158,37 +177,55 @@ def prepare(
   staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.partial-", dir=parent)
   os.chmod(staging, 0o755)  # mkdtemp makes it private; the renamed output is read by other jobs' users.
   try:
+    read = functools.partial(_read, files, jsonl_field, examples, fields, chat_template)
     if bpe_vocab:  # Trained on the inputs, then used as if given.
-      train_bpe(
-        (doc for name in files for doc in read_documents(name, jsonl_field) if doc[0]),
-        bpe_vocab,
-        os.path.join(staging, TOKENIZER_FILE),
-      )
+      train_bpe(read(text=True), bpe_vocab, os.path.join(staging, TOKENIZER_FILE))
       tok = HFTokenizer(os.path.join(staging, TOKENIZER_FILE))
     elif tok.name == HFTokenizer.name:
       shutil.copyfile(tok.model, os.path.join(staging, TOKENIZER_FILE))
-    raw = os.path.join(staging, "tokens.tmp")  # The stream on disk: corpora larger than memory work.
-    documents = (doc for name in files for doc in read_documents(name, jsonl_field))
-    total_bytes = sum(os.path.getsize(f) for f in files)
-    stats = tokenize_to_file(documents, tok.model or "byte", tok.eos_id, raw, total_bytes, workers)
+    record_len = seq_len + 1
+    raw = os.path.join(staging, "tokens.tmp")  # On disk: corpora larger than memory work.
+    if examples:
+      weights_raw = os.path.join(staging, "weights.tmp")
+      stats = prepare_examples.pack(read(), tok, record_len, raw, weights_raw)
+      stats.update(empty=0, not_text=0)
+      num_records = stats["records"]
+    else:
+      total_bytes = sum(os.path.getsize(f) for f in files)
+      stats = tokenize_to_file(read(), tok.model or "byte", tok.eos_id, raw, total_bytes, workers)
+      num_records = math.ceil(stats["tokens"] / record_len)
     num_docs, num_tokens = stats["documents"], stats["tokens"]
     if not num_docs:
       raise UserError(
         f"the inputs contain no text ({stats['empty']} empty and {stats['not_text']} non-UTF-8 "
-        "documents skipped); check --input"
+        f"documents{', ' + str(stats['too_long']) + ' examples longer than a record' if examples else ''} "
+        "skipped); check --input"
       )
-    record_len = seq_len + 1
-    num_records = math.ceil(num_tokens / record_len)
     sizes = split_sizes(num_records, eval_fraction)
-    tokens = np.memmap(raw, "<i4", mode="r", shape=(num_tokens,))
-    shards, fingerprint = write_shards(tokens, tok.pad_id, record_len, sizes, records_per_shard, staging)
-    del tokens
-    os.remove(raw)
-    last_valid = num_tokens - (num_records - 1) * record_len  # Real tokens in the stream's last record.
+    if examples:
+      tokens = np.memmap(raw, "<i4", mode="r", shape=(num_records, record_len))
+      weights = np.memmap(weights_raw, np.uint8, mode="r", shape=(num_records, record_len))
+      record = lambda i: tokens[i].tobytes() + weights[i].tobytes()
+      last_valid = int(np.sum(tokens[-1] != tok.pad_id))
+    else:
+      tokens = np.memmap(raw, "<i4", mode="r", shape=(num_tokens,))
+      record = stream_records(tokens, tok.pad_id, record_len)
+      last_valid = num_tokens - (num_records - 1) * record_len  # Real tokens in the stream's last record.
+    shards, fingerprint = write_shards(record, sizes, records_per_shard, staging)
+    for tmp in (raw, os.path.join(staging, "weights.tmp")):
+      if os.path.exists(tmp):
+        os.remove(tmp)
+    skipped = {"empty": stats["empty"], "not_text": stats["not_text"]}
+    if examples:
+      skipped["too_long"] = stats["too_long"]
     metadata = {
       "version": VERSION,
       "seq_len": seq_len,
-      "record_format": "seq_len + 1 little-endian int32 tokens per record",
+      "record_format": "seq_len + 1 little-endian int32 tokens per record"
+      + (", then seq_len + 1 uint8 loss weights (1: the token is a target that counts)" if examples else ""),
+      # Per-token loss weights (prompt/response examples): the loss counts only weighted targets.
+      "loss_weights": bool(examples),
+      "examples": examples or "documents",
       "vocab_size": tok.vocab_size,
       "tokenizer": tok.name,
       # The data set's own copy (relative: the directory may move), or a SentencePiece model's path.
@@ -197,7 +234,7 @@ def prepare(
       "eos_id": tok.eos_id,
       "inputs": [os.path.abspath(f) for f in files],
       "num_documents": num_docs,
-      "skipped_documents": {"empty": stats["empty"], "not_text": stats["not_text"]},
+      "skipped_documents": skipped,
       "num_tokens": num_tokens,
       "num_records": sizes,
       "valid_tokens_in_last_record": valid_in_last(sizes, record_len, last_valid),
@@ -214,6 +251,17 @@ def prepare(
     shutil.rmtree(staging, ignore_errors=True)
     raise
   return metadata
+
+
+def _read(files, jsonl_field, examples, fields, chat_template, text: bool = False):
+  """The inputs' documents as (bytes, where), or with `examples` their examples as (pieces, where);
+  `text`: either as (bytes, where) of their whole text, for training a tokenizer."""
+  for name in files:
+    if not examples:
+      yield from read_documents(name, jsonl_field)
+      continue
+    for parts, where in prepare_examples.read_examples(name, examples, fields, chat_template):
+      yield ("".join(t for t, _ in parts).encode("utf-8"), where) if text else (parts, where)
 
 
 def _bpe_vocab(spec: str) -> int:
@@ -241,6 +289,11 @@ def _define_flags():
   flags.DEFINE_bool("overwrite", False, "Replace an existing output of this tool.")
   flags.DEFINE_integer("workers", 0, "Tokenize in N worker processes (0: this one); the output is the same.")
   flags.DEFINE_string("jsonl_field", "text", "The field of each .jsonl line that holds its document.")
+  flags.DEFINE_string("examples", "", "pairs | chat: .jsonl prompt/response examples, responses weighted.")
+  flags.DEFINE_string("prompt_field", "prompt", "--examples=pairs: the field of the prompt.")
+  flags.DEFINE_string("response_field", "response", "--examples=pairs: the field of the response.")
+  flags.DEFINE_string("messages_field", "messages", "--examples=chat: the field of the message list.")
+  flags.DEFINE_string("chat_template", "", "plain | llama3: how messages become text (chat: plain).")
 
 
 def _fail(message: str):
@@ -281,16 +334,20 @@ def main(argv):
       train_tokenizer=f.train_tokenizer,
       workers=f.workers,
       jsonl_field=f.jsonl_field,
+      examples=f.examples,
+      fields={"prompt": f.prompt_field, "response": f.response_field, "messages": f.messages_field},
+      chat_template=f.chat_template,
     )
   except UserError as e:
     _fail(e)
   except OSError as e:
     _fail(f"{e.strerror or e}: {e.filename}" if e.filename else e)
   n = metadata["num_records"]
+  what = "examples" if metadata["loss_weights"] else "documents"
   print(
     f"wrote {n['train']} train and {n['eval']} eval records of {metadata['seq_len'] + 1} tokens "
-    f"({metadata['num_documents']} documents, {metadata['num_tokens']} tokens, "
-    f"{sum(metadata['skipped_documents'].values())} skipped as empty or not text, "
+    f"({metadata['num_documents']} {what}, {metadata['num_tokens']} tokens, "
+    f"{sum(metadata['skipped_documents'].values())} skipped as empty, not text or too long, "
     f"vocab {metadata['vocab_size']}) "
     f"to {os.path.abspath(output)}"
   )

@@ -24,8 +24,21 @@ def shard_names(split: str, num_records: int, records_per_shard: int) -> list[st
   return [f"{split}-{i:05d}-of-{n:05d}.array_record" for i in range(n)]
 
 
-def write_shards(tokens: np.ndarray, pad_id: int, record_len: int, sizes, records_per_shard, directory):
-  """Writes every record in stream order; returns (shards per split, sha256 hex of all record bytes)."""
+def stream_records(tokens: np.ndarray, pad_id: int, record_len: int):
+  """record i -> its bytes: the token stream cut every record_len tokens, the last one padded."""
+
+  def record(i: int) -> bytes:
+    row = np.full(record_len, pad_id, "<i4")
+    chunk = tokens[i * record_len : (i + 1) * record_len]
+    row[: len(chunk)] = chunk
+    return row.tobytes()
+
+  return record
+
+
+def write_shards(record_bytes, sizes, records_per_shard, directory):
+  """Writes every record (`record_bytes(i)`) in order; returns (shards per split, sha256 hex of all
+  record bytes)."""
   from array_record.python.array_record_module import ArrayRecordWriter
 
   digest, shards, record = hashlib.sha256(), {}, 0
@@ -35,10 +48,7 @@ def write_shards(tokens: np.ndarray, pad_id: int, record_len: int, sizes, record
     for name in shards[split]:
       writer = ArrayRecordWriter(os.path.join(directory, name), WRITER_OPTIONS)
       for _ in range(min(records_per_shard, end - record)):
-        row = np.full(record_len, pad_id, "<i4")
-        chunk = tokens[record * record_len : (record + 1) * record_len]
-        row[: len(chunk)] = chunk
-        data = row.tobytes()
+        data = record_bytes(record)
         digest.update(data)
         writer.write(data)
         record += 1

@@ -156,6 +156,11 @@ def data_sources(config) -> DataSources:
 
     metadata = arrayrecord.load_metadata(d.path)
     arrayrecord.check_compatible(metadata, d.seq_len, config.model.vocab_size)
+    if metadata.get("loss_weights") and not d.packing:
+      raise UserError(
+        f"data.path={d.path} holds prompt/response examples packed whole into records: set "
+        "data.packing=True, so that each attends only to itself"
+      )
     eos_id = metadata["eos_id"] if d.packing else None
     return DataSources(
       train=arrayrecord.ArrayRecordSource(d.path, "train", d.seq_len),
@@ -190,13 +195,16 @@ def example_batch(config) -> dict[str, np.ndarray]:
 
 def make_batch(records, valid, pad_id: int | None, eos_id: int | None) -> dict[str, np.ndarray]:
   """Token records [rows, seq_len + 1] -> inputs, targets, weights [rows, seq_len] (0 on padding rows,
-  pad targets and, when packed, across documents); with `eos_id` (packing) also segment_ids and
-  positions restarting at each document."""
+  pad targets, targets whose loss weight is 0 (a prompt's, in prompt/response data) and, when packed,
+  across documents); with `eos_id` (packing) also segment_ids and positions restarting at each
+  document."""
   tokens = records["tokens"]
   inputs, targets = tokens[:, :-1], tokens[:, 1:]
   weights = np.broadcast_to(valid[:, None], inputs.shape)
   if pad_id is not None:
     weights = weights & (targets != pad_id)
+  if "loss_weights" in records:
+    weights = weights & (records["loss_weights"][:, 1:] > 0)
   batch = {"inputs": inputs, "targets": targets}
   if eos_id is not None:
     batch.update(segments(inputs, eos_id))
