@@ -195,11 +195,15 @@ def prepare(
       stats = tokenize_to_file(read(), tok.model or "byte", tok.eos_id, raw, total_bytes, workers)
       num_records = math.ceil(stats["tokens"] / record_len)
     num_docs, num_tokens = stats["documents"], stats["tokens"]
+    if not num_docs and examples and stats["too_long"]:
+      raise UserError(
+        f"none of the {stats['too_long']} examples fits a record of --seq_len + 1 = {record_len} tokens; "
+        "raise --seq_len"
+      )
     if not num_docs:
       raise UserError(
         f"the inputs contain no text ({stats['empty']} empty and {stats['not_text']} non-UTF-8 "
-        f"documents{', ' + str(stats['too_long']) + ' examples longer than a record' if examples else ''} "
-        "skipped); check --input"
+        "documents skipped); check --input"
       )
     sizes = split_sizes(num_records, eval_fraction)
     if examples:

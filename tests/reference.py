@@ -103,6 +103,35 @@ def document_loss_and_grad(params, docs: list[np.ndarray]):
   return loss, grads, int(np.sum(lengths - 1))
 
 
+@jax.jit
+def _weighted_document_loss(params, rows, weights):
+  """Mean next-token cross-entropy over the targets of weight 1 ([N, n] rows, one document each from
+  position 0, `weights` [N, n] per token as a target; 0 beyond a document)."""
+  logp = jax.nn.log_softmax(logits(params, rows[:, :-1]))
+  xent = -jnp.take_along_axis(logp, rows[:, 1:, None], axis=-1)[..., 0]
+  return jnp.sum(xent * weights[:, 1:]) / jnp.sum(weights[:, 1:])
+
+
+def weighted_documents(tokens: np.ndarray, weights: np.ndarray, pad_id: int, eos_id: int) -> list:
+  """A stored record of prompt/response examples as (tokens, weights) per example, cut after each
+  eos, before the first pad."""
+  pads = np.flatnonzero(tokens == pad_id)
+  end = pads[0] if len(pads) else len(tokens)
+  cuts = np.flatnonzero(tokens[:end] == eos_id) + 1
+  pieces = zip(np.split(tokens[:end], cuts), np.split(weights[:end], cuts), strict=True)
+  return [(t, w) for t, w in pieces if len(t)]
+
+
+def weighted_document_loss_and_grad(params, docs: list):
+  """The fine-tuning objective: each (tokens, weights) example run alone, the loss the mean over its
+  targets of weight 1 only. Returns (loss, grads, targets counted)."""
+  width = max(len(t) for t, _ in docs)
+  rows = np.stack([np.pad(t, (0, width - len(t))) for t, _ in docs])
+  weights = np.stack([np.pad(w, (0, width - len(w))) for _, w in docs]).astype(np.float32)
+  loss, grads = jax.value_and_grad(_weighted_document_loss)(params, rows, weights)
+  return loss, grads, int(np.sum(weights[:, 1:]))
+
+
 def learning_rate(count, peak, warmup, total, end_factor):
   """Linear warm-up then cosine decay, for the update of step count + 1."""
   step = count + 1
