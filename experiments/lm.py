@@ -89,10 +89,11 @@ def rope_scaling(m) -> RopeScaling | None:
   )
 
 
-def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None):
+def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None, config=None):
   """Sum of next-token cross-entropy over valid tokens (in training plus z-loss: evaluation, whose
   `rng` is None, reports the cross-entropy the loss floor is comparable with), the valid-token count,
-  and metric sums. Deterministic otherwise. The model carries model.z_loss and model.loss_chunk."""
+  and metric sums. Deterministic otherwise. The model carries model.z_loss and model.loss_chunk. From
+  a mixture, each source's share of the valid tokens, `share_NAME`."""
   h = model.hidden(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))  # [B, L, D]
   w = batch["weights"]  # [B, L]; 0 for padding rows and padding tokens.
   z_loss = model.z_loss if rng is not None else 0.0
@@ -100,6 +101,11 @@ def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None):
   metrics = {"accuracy": sums["correct"]}
   if z_loss:
     metrics.update(xent=sums["xent"], z_loss=sums["z_loss"])
+  if "source" in batch and config is not None:
+    from data import mixture
+
+    for k, name in enumerate(mixture.names(config.data.mixture)):
+      metrics[f"share_{name}"] = jnp.sum(w * (batch["source"][:, None] == k))
   return sums["xent"] + sums.get("z_loss", 0.0), jnp.sum(w), metrics
 
 
@@ -154,14 +160,7 @@ def data_sources(config) -> DataSources:
   if d.source == "arrayrecord":
     from data import arrayrecord
 
-    metadata = arrayrecord.load_metadata(d.path)
-    arrayrecord.check_compatible(metadata, d.seq_len, config.model.vocab_size)
-    if metadata.get("loss_weights") and not d.packing:
-      raise UserError(
-        f"data.path={d.path} holds prompt/response examples packed whole into records: set "
-        "data.packing=True, so that each attends only to itself"
-      )
-    eos_id = metadata["eos_id"] if d.packing else None
+    metadata = _checked_metadata(d.path, config)
     return DataSources(
       train=arrayrecord.ArrayRecordSource(d.path, "train", d.seq_len),
       # An empty held-out split is allowed; components.build refuses it only when eval_steps > 0.
@@ -169,9 +168,67 @@ def data_sources(config) -> DataSources:
       if metadata["num_records"]["eval"]
       else (),
       fingerprint=metadata["fingerprint"],
-      make_batch=functools.partial(make_batch, pad_id=metadata["pad_id"], eos_id=eos_id),
+      make_batch=_make_batch(metadata, d.packing),
     )
-  raise UserError(f"data.source={d.source!r}: use 'synthetic' or 'arrayrecord'")
+  if d.source == "mixture":
+    return _mixture(config)
+  raise UserError(f"data.source={d.source!r}: use 'synthetic', 'arrayrecord' or 'mixture'")
+
+
+def _checked_metadata(path: str, config) -> dict:
+  from data import arrayrecord
+
+  metadata = arrayrecord.load_metadata(path)
+  arrayrecord.check_compatible(metadata, config.data.seq_len, config.model.vocab_size)
+  if metadata.get("loss_weights") and not config.data.packing:
+    raise UserError(
+      f"data.path={path} holds prompt/response examples packed whole into records: set "
+      "data.packing=True, so that each attends only to itself"
+    )
+  return metadata
+
+
+def _make_batch(metadata: dict, packing: bool):
+  eos_id = metadata["eos_id"] if packing else None
+  return functools.partial(make_batch, pad_id=metadata["pad_id"], eos_id=eos_id)
+
+
+def _mixture(config) -> DataSources:
+  """data.mixture's data sets as one source of each split, weighted (data/mixture.py)."""
+  from data import arrayrecord, mixture
+  from trainer.observe.metrics import console
+
+  d = config.data
+  parts = mixture.parse(d.mixture)
+  metas = [_checked_metadata(path, config) for path, _ in parts]
+  for (path, _), m in zip(parts[1:], metas[1:], strict=True):
+    if (m["pad_id"], m["eos_id"]) != (metas[0]["pad_id"], metas[0]["eos_id"]):
+      raise UserError(
+        f"data.mixture: {path} pads with {m['pad_id']} and ends documents with {m['eos_id']}, "
+        f"{parts[0][0]} with {metas[0]['pad_id']} and {metas[0]['eos_id']}: mix data sets of one tokenizer"
+      )
+  weighted = any(m.get("loss_weights") for m in metas)
+
+  def split(name: str):
+    kept = [(path, w) for (path, w), m in zip(parts, metas, strict=True) if m["num_records"][name]]
+    if not kept:
+      return ()
+    sources = [arrayrecord.ArrayRecordSource(path, name, d.seq_len) for path, _ in kept]
+    return mixture.MixtureSource(sources, [w for _, w in kept], weighted)
+
+  train = split("train")
+  shares = ", ".join(
+    f"{n} {w:.0%} ({p:.2f} passes)"
+    for n, (_, w), p in zip(mixture.names(d.mixture), parts, train.passes(), strict=True)
+  )
+  console(f"mixture of {len(parts)} data sets, {len(train):,} records per epoch: {shares}")
+  recipe = [[m["fingerprint"], w] for m, (_, w) in zip(metas, parts, strict=True)]
+  return DataSources(
+    train=train,
+    eval=split("eval"),
+    fingerprint=recipe_fingerprint("mixture", recipe),
+    make_batch=_make_batch(metas[0], d.packing),
+  )
 
 
 def model_flops_per_example(config, param_count: int) -> float:
@@ -189,8 +246,11 @@ def example_batch(config) -> dict[str, np.ndarray]:
   """One row shaped as data_sources' batches are, from the config alone (--mode=inspect compiles from it)."""
   d = config.data
   packed = d.source == "arrayrecord" and d.packing
-  tokens = np.zeros((1, d.seq_len + 1), np.int32)
-  return make_batch({"tokens": tokens}, np.ones(1, bool), pad_id=0, eos_id=0 if packed else None)
+  records = {"tokens": np.zeros((1, d.seq_len + 1), np.int32)}
+  if d.source == "mixture":
+    records["source"] = np.zeros(1, np.int32)
+  packed = packed or (d.source == "mixture" and d.packing)
+  return make_batch(records, np.ones(1, bool), pad_id=0, eos_id=0 if packed else None)
 
 
 def make_batch(records, valid, pad_id: int | None, eos_id: int | None) -> dict[str, np.ndarray]:
@@ -206,6 +266,8 @@ def make_batch(records, valid, pad_id: int | None, eos_id: int | None) -> dict[s
   if "loss_weights" in records:
     weights = weights & (records["loss_weights"][:, 1:] > 0)
   batch = {"inputs": inputs, "targets": targets}
+  if "source" in records:  # From a mixture: which data set each row came from.
+    batch["source"] = np.asarray(records["source"], np.int32)
   if eos_id is not None:
     batch.update(segments(inputs, eos_id))
     weights = weights & (inputs != eos_id)  # After a document's end comes another document.

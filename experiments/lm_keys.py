@@ -10,9 +10,17 @@ from trainer.config.rules import boolean, one_of, real, text, whole
 KEYS = {
   "data.source": Key(
     "synthetic",
-    one_of("synthetic", "arrayrecord"),
+    one_of("synthetic", "arrayrecord", "mixture"),
     keys.DATA,
-    "'synthetic' (seeded Markov chain with a known loss floor) or 'arrayrecord'.",
+    "'synthetic' (seeded Markov chain with a known loss floor), 'arrayrecord' (data.path) or "
+    "'mixture' (data.mixture).",
+  ),
+  "data.mixture": Key(
+    "",
+    text,
+    keys.DATA,
+    "mixture: 'PATH:WEIGHT,PATH:WEIGHT,...', data.prepare outputs and their weights (normalized); each "
+    "batch mixes them, and the metrics report each one's share of tokens as share_NAME (data/mixture.py).",
   ),
   "data.num_examples": Key(1_000_000, whole(0), keys.DATA, "Synthetic: training records per epoch."),
   "data.eval_examples": Key(

@@ -1,0 +1,113 @@
+"""A weighted mixture of random-access sources as one random-access source (`data.source='mixture'`).
+
+Record i of the mixture is a pure function of i: the index space is cut into blocks of BLOCK records,
+and every block holds each source's quota (its weight times BLOCK, rounded by largest remainder) in
+one fixed layout that spreads each source evenly over the block (any stretch of it holds the sources
+in about their shares). So the mixture is deterministic and independent of topology like
+any source, resumes exactly (the data position is the step), and the trainer's seeded shuffle of its
+indices mixes the sources within every batch. A source's records are taken in order, and once all
+are used it starts again (a source weighted above its size repeats; one below it is not exhausted
+within a mixture epoch, which is as long as all sources together).
+
+Each record carries `source`, the index of the source it came from, so the experiment can report
+each source's share of a batch (the LM: `share_NAME` in the metrics).
+"""
+
+import os
+import re
+
+import numpy as np
+
+from errors import UserError
+
+BLOCK = 1024
+
+
+def parse(spec: str) -> list[tuple[str, float]]:
+  """'PATH:WEIGHT,PATH:WEIGHT' -> [(path, weight)], weights normalized to sum to 1."""
+  out = []
+  for item in filter(None, (s.strip() for s in spec.split(","))):
+    path, sep, weight = item.rpartition(":")
+    try:
+      value = float(weight) if sep else -1.0
+    except ValueError:
+      value = -1.0
+    if not path or not value > 0:
+      raise UserError(f"data.mixture item {item!r}: use PATH:WEIGHT with a weight > 0")
+    out.append((path, value))
+  if len(out) < 2:
+    raise UserError(f"data.mixture={spec!r}: name at least two PATH:WEIGHT data sets, comma-separated")
+  total = sum(w for _, w in out)
+  return [(p, w / total) for p, w in out]
+
+
+def names(spec: str) -> list[str]:
+  """Each source's name in the metrics: its directory's name (made unique by its position)."""
+  found = [re.sub(r"\W+", "_", os.path.basename(os.path.normpath(p))) or "data" for p, _ in parse(spec)]
+  return [n if found.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(found)]
+
+
+def quotas(weights: list[float], block: int = BLOCK) -> list[int]:
+  """Records of each source per block: weight x block, rounded by largest remainder, at least 1."""
+  exact = [w * block for w in weights]
+  counts = [max(1, int(x)) for x in exact]
+  order = sorted(range(len(weights)), key=lambda k: (counts[k] - exact[k], k))
+  k = 0
+  while sum(counts) < block:
+    counts[order[k % len(order)]] += 1
+    k += 1
+  while sum(counts) > block:  # Only where "at least 1" rounded up: never below one record.
+    largest = max((j for j in range(len(counts)) if counts[j] > 1), key=lambda j: (counts[j] - exact[j], j))
+    counts[largest] -= 1
+  return counts
+
+
+def layout(counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+  """(source, its rank among that source's records) of each position of a block: each position goes
+  to the source furthest behind its share so far, so every source is spread evenly."""
+  block, taken = sum(counts), [0] * len(counts)
+  source_at, rank_at = np.empty(block, np.int32), np.empty(block, np.int64)
+  for p in range(block):
+    k = max(range(len(counts)), key=lambda j: (counts[j] * (p + 1) / block - taken[j], -j))
+    source_at[p], rank_at[p] = k, taken[k]
+    taken[k] += 1
+  assert taken == counts, (taken, counts)  # The largest deficit never runs a source past its quota.
+  return source_at, rank_at
+
+
+class MixtureSource:
+  """Random access over `sources` by `weights`; record i is the source's record plus `source`."""
+
+  def __init__(self, sources: list, weights: list[float], with_loss_weights: bool = False):
+    self.sources = sources
+    self.counts = quotas(weights)
+    self.source_at, self.rank_at = layout(self.counts)
+    self.length = sum(len(s) for s in sources)
+    # Some sources weigh their tokens (prompt/response examples): the others' every token counts.
+    self.with_loss_weights = with_loss_weights
+
+  def __len__(self) -> int:
+    return self.length
+
+  def locate(self, index: int) -> tuple[int, int]:
+    """(source, record of that source) of mixture record `index`."""
+    block, at = divmod(int(index), BLOCK)
+    k = int(self.source_at[at])
+    return k, (block * self.counts[k] + int(self.rank_at[at])) % len(self.sources[k])
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    if not 0 <= int(index) < self.length:
+      raise IndexError(index)
+    k, j = self.locate(index)
+    record = dict(self.sources[k][j])
+    if self.with_loss_weights and "loss_weights" not in record:
+      record["loss_weights"] = np.ones(record["tokens"].shape, np.uint8)
+    record["source"] = np.int32(k)
+    return record
+
+  def __getitems__(self, indices) -> list[dict[str, np.ndarray]]:
+    return [self[i] for i in indices]
+
+  def passes(self) -> list[float]:
+    """How many times each source is read through in one mixture epoch."""
+    return [self.length * c / BLOCK / len(s) for c, s in zip(self.counts, self.sources, strict=True)]

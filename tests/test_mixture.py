@@ -1,0 +1,115 @@
+"""data.source='mixture': weights over prepared data sets, mixed deterministically whatever the
+topology. One process and two see the same mixed batches, a kill -9 resume continues them exactly,
+each source's share is in the metrics, and another weighting is another fingerprint."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from data import mixture, prepare
+from errors import UserError
+from tests.conftest import REPO, read_jsonl, run_main
+from tests.test_local_launcher import _launch
+
+pytestmark = pytest.mark.slow
+
+
+class _Records:
+  def __init__(self, n, tag):
+    self.n, self.tag = n, tag
+
+  def __len__(self):
+    return self.n
+
+  def __getitem__(self, i):
+    return {"tokens": np.asarray([self.tag, i], np.int32)}
+
+
+def test_each_block_holds_every_source_at_its_weight_spread_evenly():
+  source = mixture.MixtureSource([_Records(50, 0), _Records(3000, 1), _Records(700, 2)], [0.5, 0.3, 0.2])
+  assert source.counts == [512, 307, 205] and len(source) == 3750
+  picks = np.asarray([source[i]["source"] for i in range(len(source))])
+  for start in (0, 1024, 2048):  # Any whole block: the quotas exactly; any stretch: about the shares.
+    assert np.bincount(picks[start : start + 1024]).tolist() == source.counts
+    assert abs(np.mean(picks[start : start + 100] == 0) - 0.5) <= 0.02
+  rows = [tuple(source[i]["tokens"]) for i in range(len(source))]
+  small = [r[1] for r in rows if r[0] == 0]
+  assert small[:60] == list(range(50)) + list(range(10))  # Taken in order, then again from the start.
+  assert rows == [tuple(source[i]["tokens"]) for i in range(len(source))]  # A pure function of i.
+  assert [round(p, 2) for p in source.passes()] == [37.5, 0.37, 1.07]
+  assert mixture.quotas([0.9999, 0.0001]) == [1023, 1]  # Every source at least once per block.
+  for spec in ("a:1", "a:1,b", "a:1,b:0", "a:1,b:x"):
+    with pytest.raises(UserError, match="data.mixture"):
+      mixture.parse(spec)
+  assert mixture.names("x/a:1,y/a:2,b:1") == ["a_0", "a_1", "b"]
+
+
+def _rows(workdir):
+  return {r["step"]: r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r}
+
+
+def test_one_process_and_two_see_the_same_mixed_batches_and_a_kill_resumes_them(tmp_path):
+  for name, alphabet in (("letters", b"abcdefgh "), ("digits", b"0123456789 ")):
+    rng = np.random.default_rng(len(name))
+    (tmp_path / f"{name}.txt").write_bytes(bytes(rng.choice(list(alphabet), 6000).tolist()))
+    prepare.prepare([str(tmp_path / f"{name}.txt")], str(tmp_path / name), seq_len=16)
+  spec = f"{tmp_path / 'letters'}:3,{tmp_path / 'digits'}:1"
+  base = ["--config=configs/smoke_cpu.py:tiny", "--config.data.source=mixture", "--config.steps=8"]
+  base += ["--config.model.vocab_size=258", "--config.checkpoint.every=2"]
+  flags = [*base, f"--config.data.mixture={spec}"]
+  one, two, killed = (str(tmp_path / n) for n in ("one", "two", "killed"))
+  straight = run_main("--cpu_devices=8", *flags, f"--workdir={one}")
+  assert straight.returncode == 0, straight.stderr
+  assert (
+    "mixture of 2 data sets, 700 records per epoch: letters 75% (1.50 passes), digits 25%" in straight.stdout
+  )
+
+  result = _launch("--processes=2", "--cpu_devices=4", "--", *flags, f"--workdir={two}", tag=two, timeout=240)
+  assert result.returncode == 0, result.stdout + result.stderr
+
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "tests/main_with_pauses.py",
+      "read=60@5",
+      "--cpu_devices=8",
+      *flags,
+      f"--workdir={killed}",
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  try:
+    for line in proc.stdout:
+      if line.startswith("pause: read"):
+        break
+    deadline = time.time() + 60
+    while not os.path.isdir(os.path.join(killed, "checkpoints", "4")) and time.time() < deadline:
+      time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+  finally:
+    proc.kill()
+    proc.wait(timeout=30)
+  assert max(_rows(killed)) < 8
+  resumed = run_main("--cpu_devices=8", *flags, f"--workdir={killed}")
+  assert resumed.returncode == 0 and "resumed from checkpoint 4" in resumed.stdout, resumed.stderr
+
+  a, b, c = _rows(one), _rows(two), _rows(killed)
+  assert sorted(a) == sorted(b) == sorted(c) == list(range(1, 9))
+  shares = ("share_letters", "share_digits")
+  for step in a:
+    assert a[step]["share_letters"] + a[step]["share_digits"] == pytest.approx(1.0)
+    assert [a[step][k] for k in (*shares, "loss")] == [c[step][k] for k in (*shares, "loss")], step
+    assert [a[step][k] for k in shares] == [b[step][k] for k in shares], step
+    assert a[step]["loss"] == pytest.approx(b[step]["loss"], rel=1e-5), step
+  assert abs(np.mean([a[s]["share_letters"] for s in a]) - 0.75) < 0.1
+
+  reweighted = run_main("--cpu_devices=8", *base, f"--config.data.mixture={spec[:-1]}2", f"--workdir={one}")
+  assert reweighted.returncode == 2 and "fingerprint" in reweighted.stderr, reweighted.stderr
