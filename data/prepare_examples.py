@@ -16,10 +16,9 @@ with data.packing each attends only to itself. An example longer than a record i
 counted (metadata.json's skipped_documents.too_long).
 """
 
-import json
-
 import numpy as np
 
+from data.prepare_inputs import jsonl_rows
 from errors import UserError
 
 EXAMPLES = ("pairs", "chat")
@@ -67,18 +66,8 @@ def read_examples(path: str, kind: str, fields: dict, template: str):
   """Yields (pieces, where) of each line of a .jsonl file."""
   if not path.endswith(".jsonl"):
     raise UserError(f"--examples={kind} reads .jsonl files; {path} is not one")
-  with open(path, "rb") as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{lineno}"
-      try:
-        row = json.loads(line)
-      except ValueError as e:
-        raise UserError(f"{where} is not valid JSON ({e})") from None
-      if not isinstance(row, dict):
-        raise UserError(f"{where} is not a JSON object")
-      yield pieces(row, where, kind, fields, template), where
+  for row, where in jsonl_rows(path):
+    yield pieces(row, where, kind, fields, template), where
 
 
 def encode(tok, parts: list[tuple[str, int]], where: str) -> tuple[np.ndarray, np.ndarray]:

@@ -42,6 +42,18 @@ def read_documents(path: str, field: str = "text"):
     with open(path, "rb") as f:
       yield f.read(), path
     return
+  for row, where in jsonl_rows(path):
+    if not isinstance(row.get(field), str):
+      raise UserError(
+        f'{where} has no string {field!r} field; each .jsonl line must be {{"{field}": ...}} '
+        "(--jsonl_field names another)"
+      )
+    yield row[field].encode("utf-8"), where
+
+
+def jsonl_rows(path: str):
+  """Yields (object, 'PATH:LINE') of each non-blank line of a .jsonl file; a line that is not a JSON
+  object is a UserError naming it."""
   with open(path, "rb") as f:
     for lineno, line in enumerate(f, 1):
       if not line.strip():
@@ -51,9 +63,6 @@ def read_documents(path: str, field: str = "text"):
         row = json.loads(line)
       except ValueError as e:
         raise UserError(f"{where} is not valid JSON ({e})") from None
-      if not isinstance(row, dict) or not isinstance(row.get(field), str):
-        raise UserError(
-          f'{where} has no string {field!r} field; each .jsonl line must be {{"{field}": ...}} '
-          "(--jsonl_field names another)"
-        )
-      yield row[field].encode("utf-8"), where
+      if not isinstance(row, dict):
+        raise UserError(f"{where} is not a JSON object")
+      yield row, where

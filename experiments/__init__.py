@@ -61,6 +61,13 @@ Optional:
       Which weights and variables evaluation scores, by name: set "" gives eval_loss, set "ema"
       eval_ema_loss, and so on for the metrics. Default: {"": (params, variables)}, plus
       {"ema": (ema, variables)} when ema.decay > 0 (`ema` is {} otherwise).
+  pretrained_keys(path) -> {dotted key: (value, where it comes from)}
+  open_pretrained(path, config, leaves) -> reader with read(leaf, shape, index) and bytes_read
+      A pretrained format the experiment reads for `init_from` (the LM: a Hugging Face Llama
+      directory): the config keys it fixes, and each parameter's slices read lazily from its files
+      (trainer/init_from.py says more).
+  EXPORT_FORMATS: dict[str, (run: trainer.checkpoint.read.Loaded, out, weights) -> [what it wrote]]
+      Formats `trainer.export --format=NAME` writes (the LM: 'hf', a directory transformers loads).
   example_batch(config) -> dict[str, np.ndarray]
       One row shaped and typed as make_batch's batches (zeros will do), from the config alone:
       --mode=inspect compiles the step from it without opening the data, so a cluster's data.path

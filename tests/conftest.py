@@ -98,13 +98,13 @@ def train_losses(workdir):
 
 def run_main(*args, timeout=300, env=None):
   """Runs main.py in a fresh process; returns the CompletedProcess."""
+  return run_python("main.py", *args, timeout=timeout, env=env)
+
+
+def run_python(*args, timeout=300, env=None):
+  """Runs `python ARGS` (a script, or `-m MODULE ...`) in the repository; returns the CompletedProcess."""
   return subprocess.run(
-    [sys.executable, "main.py", *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-    env=env,
+    [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
   )
 
 

@@ -47,3 +47,20 @@ def test_load_and_export_give_the_checkpoints_params_exactly(tmp_path, capsys):
     load(workdir, step=1)
   with pytest.raises(UserError, match="has no checkpoints"):
     load(str(tmp_path / "never_trained"))
+
+  # init_from this run's workdir: its newest params, placed on another mesh; the step starts at 0.
+  from trainer import init_from
+
+  other = tiny_config(steps=2, **{"model.scan_layers": True, "model.num_layers": 2, "init_from": workdir})
+  other.mesh.data, other.mesh.fsdp, other.mesh.tensor = 1, 8, 1
+  init_from.configure(other, str(tmp_path / "second"))
+  comp = components.build(other)
+  state = components.init_state(comp, other)
+  assert int(state.step) == 0
+  for mine, theirs in zip(jax.tree.leaves(state.params), jax.tree.leaves(run.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(mine), theirs)
+  other.model.mlp_dim = 48
+  with pytest.raises(
+    UserError, match=r"params are not this model's: layers/mlp/down \[2, 64, 32\] -> \[2, 48, 32\]"
+  ):
+    components.init_state(components.build(other), other)

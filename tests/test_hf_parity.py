@@ -12,19 +12,17 @@ transformers' 5.2e-3 off float32, and 5.6e-3 off each other.
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from data import tokenizers
+from data import prepare, tokenizers
 from errors import UserError
 from experiments import lm
 from model import hf_export, hf_llama
 from model.sample import generate
-from tests.conftest import REPO, run_main
+from tests.conftest import run_main, run_python
 from trainer import components, init_from
 from trainer.checkpoint.read import load
 from trainer.config import assemble
@@ -197,15 +195,7 @@ def test_a_trained_run_exports_what_transformers_loads(tmp_path):
   text = tmp_path / "text.txt"
   text.write_text("".join(f"line {i}: the cat sat on the mat, über alles.\n" for i in range(300)))
   data = str(tmp_path / "data")
-  assert (
-    subprocess.run(
-      [sys.executable, "-m", "data.prepare", f"--input={text}", f"--output={data}", "--seq_len=32"],
-      cwd=REPO,
-      capture_output=True,
-      timeout=120,
-    ).returncode
-    == 0
-  )
+  prepare.prepare([str(text)], data, seq_len=32)
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
   trained = run_main(
     "--config=configs/smoke_cpu.py:tiny",
@@ -220,13 +210,7 @@ def test_a_trained_run_exports_what_transformers_loads(tmp_path):
     "--config.model.scale_tied_embeddings=false",
   )
   assert trained.returncode == 0, trained.stderr
-  export = subprocess.run(
-    [sys.executable, "-m", "trainer.export", f"--workdir={run}", "--format=hf", f"--out={out}"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
+  export = run_python("-m", "trainer.export", f"--workdir={run}", "--format=hf", f"--out={out}")
   assert export.returncode == 0 and "its byte tokenizer" in export.stdout, export.stderr
   loaded = load(run)
   theirs, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
@@ -249,18 +233,7 @@ def test_a_trained_run_exports_what_transformers_loads(tmp_path):
   assert (auto.eos_token_id, auto.pad_token_id) == (tokenizers.EOS_ID, tokenizers.PAD_ID)
 
   bpe = str(tmp_path / "bpe_data")
-  assert (
-    subprocess.run(
-      [sys.executable, "-m", "data.prepare", f"--input={text}", f"--output={bpe}", "--seq_len=32"]
-      + ["--train_tokenizer=bpe:300"],
-      cwd=REPO,
-      capture_output=True,
-      timeout=120,
-    ).returncode
-    == 0
-  )
-  with open(os.path.join(bpe, "metadata.json")) as f:
-    metadata = json.load(f)
+  metadata = prepare.prepare([str(text)], bpe, seq_len=32, train_tokenizer="bpe:300")
   bpe_out = tmp_path / "bpe_hf"
   bpe_out.mkdir()
   assert tokenizers.write_hf_tokenizer(metadata, bpe, str(bpe_out))

@@ -99,3 +99,21 @@ def test_a_venv_of_an_older_python_is_made_again(tmp_path):
   os.remove(tmp_path / "venv" / "bin" / "python")  # Half made: no interpreter.
   r = subprocess.run(["make", "-q", f"VENV={tmp_path / 'venv'}", "setup"], cwd=REPO, capture_output=True)
   assert r.returncode != 0
+
+
+def test_make_train_installs_only_trainings_dependencies_and_make_test_adds_the_parity_extra(tmp_path):
+  """`make train` installs the project alone (no test tools, no torch); `make test` adds the dev and
+  parity extras (torch and transformers, for tests/test_hf_parity.py)."""
+  if shutil.which("make") is None:
+    pytest.skip("no make on this machine")
+
+  def installs(target: str) -> list[str]:
+    r = subprocess.run(["make", "-n", f"VENV={tmp_path}", target], cwd=REPO, capture_output=True, text=True)
+    return [line.split("constraints.txt ")[1] for line in r.stdout.splitlines() if "pip install" in line]
+
+  assert installs("train") == ["."]
+  assert installs("test") == [".", "'.[dev]'", "'.[dev,parity]'"]
+  with open(os.path.join(REPO, "pyproject.toml")) as f:
+    pyproject = f.read()
+  dependencies = pyproject.split("dependencies = [")[1].split("]")[0]
+  assert "torch" not in dependencies and "transformers" not in dependencies

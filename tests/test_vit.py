@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from model.vit import ViT
-from tests.conftest import REPO, read_jsonl, train_losses
+from tests.conftest import REPO, read_jsonl, run_python, train_losses
 
 STEPS = 16
 FLAGS = [
@@ -90,6 +90,12 @@ def test_vit_trains_and_closes_without_a_loss_floor(straight):
   assert (
     closing.startswith(f"final step {STEPS}: loss ") and "eval_loss" in closing and "floor" not in closing
   )
+  # An experiment without a Hugging Face layout: one error line, nothing written.
+  export = run_python("-m", "trainer.export", f"--workdir={workdir}", "--format=hf", f"--out={workdir}/hf")
+  assert export.returncode == 2 and not os.path.exists(f"{workdir}/hf")
+  assert export.stderr.strip().splitlines() == [
+    "error: --format=hf: experiments/vit.py cannot write it (it declares no EXPORT_FORMATS)"
+  ]
 
 
 @pytest.mark.slow

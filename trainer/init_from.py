@@ -26,6 +26,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+import experiments
 from errors import UserError
 from trainer import rundir
 from trainer import state as state_lib
@@ -40,11 +41,10 @@ def configure(config, workdir: str, given=()) -> None:
   path = config.init_from
   if not path:
     return
-  record = rundir.read_json_object(rundir.init_from(workdir)) or {}
   if store.has_checkpoints(workdir):
     console(f"init_from={path} is ignored: {workdir} has checkpoints, and the run resumes from them")
-    keys = record.get("keys")
-    if keys is None:
+    keys = (rundir.read_json_object(rundir.init_from(workdir)) or {}).get("keys")
+    if keys is None:  # Not recorded: read again where it is still there.
       keys = _keys(path, config) if os.path.isdir(path) else {}
   else:
     keys = _keys(path, config)
@@ -72,9 +72,7 @@ def _keys(path: str, config) -> dict:
     raise UserError(f"init_from={path} is not a directory")
   if store.has_checkpoints(path):
     return {}  # Another run: its shapes must be this config's (checked parameter by parameter).
-  from trainer import components
-
-  experiment = components.load_experiment(config)
+  experiment = experiments.load(config.experiment)
   if not hasattr(experiment, "pretrained_keys"):
     raise UserError(
       f"init_from={path} has no checkpoints/ of a run, and experiments/{config.experiment}.py reads no "
