@@ -125,13 +125,15 @@ def export_hf(run, out: str, weights: dict) -> list[str]:
   from model import hf_export
 
   config, special, written = run.config, {}, []
-  if config.data.source == "arrayrecord":
-    from data import arrayrecord, tokenizers
+  d = config.data
+  if d.source in ("arrayrecord", "mixture"):  # A mixture's data sets share one tokenizer.
+    from data import arrayrecord, mixture, tokenizers
 
-    metadata = arrayrecord.load_metadata(config.data.path)
+    path = d.path if d.source == "arrayrecord" else mixture.parse(d.mixture)[0][0]
+    metadata = arrayrecord.load_metadata(path)
     special = {"eos_token_id": metadata["eos_id"], "pad_token_id": metadata["pad_id"]}
     os.makedirs(out, exist_ok=True)
-    if tokenizers.write_hf_tokenizer(metadata, config.data.path, out):
+    if tokenizers.write_hf_tokenizer(metadata, path, out):
       written.append(f"its {metadata['tokenizer']} tokenizer")
   files = hf_export.write(out, config.model, weights, special)
   return [f"{files} safetensors file{'s' * (files > 1)}", "config.json", "generation_config.json", *written]
@@ -196,7 +198,6 @@ def _make_batch(metadata: dict, packing: bool):
 def _mixture(config) -> DataSources:
   """data.mixture's data sets as one source of each split, weighted (data/mixture.py)."""
   from data import arrayrecord, mixture
-  from trainer.observe.metrics import console
 
   d = config.data
   parts = mixture.parse(d.mixture)
@@ -221,7 +222,8 @@ def _mixture(config) -> DataSources:
     f"{n} {w:.0%} ({p:.2f} passes)"
     for n, (_, w), p in zip(mixture.names(d.mixture), parts, train.passes(), strict=True)
   )
-  console(f"mixture of {len(parts)} data sets, {len(train):,} records per epoch: {shares}")
+  if jax.process_index() == 0:
+    print(f"mixture of {len(parts)} data sets, {len(train):,} records per epoch: {shares}", flush=True)
   recipe = [[m["fingerprint"], w] for m, (_, w) in zip(metas, parts, strict=True)]
   return DataSources(
     train=train,
