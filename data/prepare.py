@@ -159,6 +159,8 @@ def prepare(
     raise UserError(f"--examples={examples}: use {' or '.join(prepare_examples.EXAMPLES)} (or leave it out)")
   if chat_template and chat_template not in prepare_examples.TEMPLATES:
     raise UserError(f"--chat_template={chat_template}: use one of {', '.join(prepare_examples.TEMPLATES)}")
+  if examples and workers:
+    raise UserError("--workers tokenizes documents; --examples are tokenized in this process: drop --workers")
   if chat_template and not examples:
     raise UserError("--chat_template renders --examples=pairs or chat; give --examples too")
   fields = {"prompt": "prompt", "response": "response", "messages": "messages"} | (fields or {})
