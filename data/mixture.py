@@ -78,9 +78,11 @@ def layout(counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
 class MixtureSource:
   """Random access over `sources` by `weights`; record i is the source's record plus `source`."""
 
-  def __init__(self, sources: list, weights: list[float], with_loss_weights: bool = False):
-    self.sources = sources
-    self.counts = quotas(weights)
+  def __init__(self, sources: list, weights: list[float], with_loss_weights: bool = False, ids=None):
+    """`ids`: what each source's records carry as `source` (default 0, 1, ...): a split that lacks
+    some data sets still names the others as the whole mixture does. Weights are normalized."""
+    self.sources, self.ids = sources, list(ids if ids is not None else range(len(sources)))
+    self.counts = quotas([w / sum(weights) for w in weights])
     self.source_at, self.rank_at = layout(self.counts)
     self.length = sum(len(s) for s in sources)
     # Some sources weigh their tokens (prompt/response examples): the others' every token counts.
@@ -102,7 +104,7 @@ class MixtureSource:
     record = dict(self.sources[k][j])
     if self.with_loss_weights and "loss_weights" not in record:
       record["loss_weights"] = np.ones(record["tokens"].shape, np.uint8)
-    record["source"] = np.int32(k)
+    record["source"] = np.int32(self.ids[k])
     return record
 
   def __getitems__(self, indices) -> list[dict[str, np.ndarray]]:

@@ -22,13 +22,21 @@ from data.prepare_inputs import jsonl_rows
 from errors import UserError
 
 EXAMPLES = ("pairs", "chat")
-# A template gives each role the text before and after its content. 'llama3' is Llama 3's chat format
-# (its header and end-of-turn markers are special tokens of its tokenizer.json).
+# A template gives each role the text before and after its content, and "" what begins an example.
+# 'llama3' is Llama 3's chat format (its markers are special tokens of its tokenizer.json).
 TEMPLATES = {
-  "plain": {"system": ("System: ", "\n\n"), "user": ("User: ", "\n"), "assistant": ("Assistant: ", "\n")},
+  "plain": {
+    "": ("", ""),
+    "system": ("System: ", "\n\n"),
+    "user": ("User: ", "\n"),
+    "assistant": ("Assistant: ", "\n"),
+  },
   "llama3": {
-    role: (f"<|start_header_id|>{role}<|end_header_id|>\n\n", "<|eot_id|>")
-    for role in ("system", "user", "assistant")
+    "": ("<|begin_of_text|>", ""),
+    **{
+      role: (f"<|start_header_id|>{role}<|end_header_id|>\n\n", "<|eot_id|>")
+      for role in ("system", "user", "assistant")
+    },
   },
 }
 
@@ -50,10 +58,12 @@ def pieces(row: dict, where: str, kind: str, fields: dict, template: str) -> lis
     if not isinstance(messages, list) or not messages:
       raise UserError(f"{where} has no list of messages in {fields['messages']!r} (--messages_field)")
   roles = TEMPLATES[template or "plain"]
-  out = []
+  out = [(roles[""][0], 0)]
   for m in messages:
-    if not isinstance(m, dict) or m.get("role") not in roles or not isinstance(m.get("content"), str):
-      raise UserError(f"{where}: a message must be {{'role': one of {sorted(roles)}, 'content': text}}")
+    role = m.get("role") if isinstance(m, dict) else None
+    if not role or role not in roles or not isinstance(m.get("content"), str):
+      names = sorted(r for r in roles if r)
+      raise UserError(f"{where}: a message must be {{'role': one of {names}, 'content': text}}")
     before, after = roles[m["role"]]
     counts = int(m["role"] == "assistant")
     out += [(before, 0), (m["content"], counts), (after, counts)]

@@ -116,7 +116,7 @@ def pretrained_keys(path: str) -> dict:
 
 def open_pretrained(path: str, config, leaves) -> hf_llama.Pretrained:
   """Its safetensors, read slice by slice into our params."""
-  return hf_llama.Pretrained(path, leaves, tied=config.model.tie_embeddings)
+  return hf_llama.Pretrained(path, leaves, config.model.tie_embeddings, config.model.num_layers)
 
 
 def export_hf(run, out: str, weights: dict) -> list[str]:
@@ -125,6 +125,7 @@ def export_hf(run, out: str, weights: dict) -> list[str]:
   from model import hf_export
 
   config, special, written = run.config, {}, []
+  hf_llama.check_exportable(config.model)  # Before anything is written.
   d = config.data
   if d.source in ("arrayrecord", "mixture"):  # A mixture's data sets share one tokenizer.
     from data import arrayrecord, mixture, tokenizers
@@ -211,11 +212,11 @@ def _mixture(config) -> DataSources:
   weighted = any(m.get("loss_weights") for m in metas)
 
   def split(name: str):
-    kept = [(path, w) for (path, w), m in zip(parts, metas, strict=True) if m["num_records"][name]]
+    kept = [k for k, m in enumerate(metas) if m["num_records"][name]]  # Held-out splits may be empty.
     if not kept:
       return ()
-    sources = [arrayrecord.ArrayRecordSource(path, name, d.seq_len) for path, _ in kept]
-    return mixture.MixtureSource(sources, [w for _, w in kept], weighted)
+    sources = [arrayrecord.ArrayRecordSource(parts[k][0], name, d.seq_len) for k in kept]
+    return mixture.MixtureSource(sources, [parts[k][1] for k in kept], weighted, ids=kept)
 
   train = split("train")
   shares = ", ".join(

@@ -101,8 +101,8 @@ KEYS = {
     True,
     boolean,
     keys.MODEL,
-    "Tied: the table starts at 1/sqrt(embed_dim) and lookups are scaled by sqrt(embed_dim); False: "
-    "neither (Llama's tied layout, which init_from of a Hugging Face model sets).",
+    "Tied (the table starts at 1/sqrt(embed_dim) either way): lookups are scaled by sqrt(embed_dim); "
+    "False: looked up as they are (Llama's tied layout, which init_from of a Hugging Face model sets).",
   ),
   "model.z_loss": Key(
     0.0, real(0.0), keys.MODEL, "Weight of z-loss (logsumexp^2 per token) added to the loss; 0: none."

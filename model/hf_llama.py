@@ -82,9 +82,8 @@ def read_config(path: str) -> dict:
 def _rope(hf: dict) -> dict:
   """RoPE's parameters from either layout: transformers 5's `rope_parameters`, or 4's `rope_theta`
   beside `rope_scaling`."""
-  params = dict(hf.get("rope_parameters") or {})
-  if not params:
-    params = {"rope_theta": hf.get("rope_theta", 10_000.0), **(hf.get("rope_scaling") or {})}
+  params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+  params.setdefault("rope_theta", hf.get("rope_theta", 10_000.0))
   params.setdefault("rope_type", params.pop("type", "default"))
   return params
 
@@ -109,6 +108,8 @@ def config_keys(hf: dict, file: str) -> dict[str, tuple[object, str]]:
     if not isinstance(hf.get(field), int):
       raise UserError(f"{file} has no whole number {field}")
   rope = _rope(hf)
+  if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+    raise unsupported("partial_rotary_factor (RoPE on part of each head)")
   if rope["rope_type"] not in ("default", "llama3"):
     raise unsupported(f"rope_type {rope['rope_type']!r} (it has plain RoPE and 'llama3' scaling)")
   heads = hf["num_attention_heads"]
@@ -166,6 +167,9 @@ def hf_config(m, generation: bool = False) -> dict:
     "hidden_act": "silu",
     "rms_norm_eps": m.norm_eps,
     "rope_parameters": rope,
+    # transformers 4's names for the same, which it reads instead of rope_parameters.
+    "rope_theta": m.rope_base,
+    "rope_scaling": None if rope["rope_type"] == "default" else rope,
     "tie_word_embeddings": m.tie_embeddings,
     "attention_bias": False,
     "mlp_bias": False,
@@ -190,15 +194,19 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.u
 
 class Tensors:
   """The tensors of a Hugging Face model directory, one file or sharded with an index, mapped from
-  the files (np.memmap: a slice reads only its bytes); `bytes_read` counts what slices have read.
+  the files (np.memmap: a slice copies only its bytes, though the system reads whole pages);
+  `bytes_read` counts what slices have copied.
   Its own reader of the safetensors layout (8 bytes of header length, a JSON header, the data), as
   safetensors' numpy API cannot slice bfloat16, the dtype most checkpoints have."""
 
   def __init__(self, path: str):
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
-      with open(index) as f:
-        files = sorted(set(json.load(f)["weight_map"].values()))
+      try:
+        with open(index) as f:
+          files = sorted(set(json.load(f)["weight_map"].values()))
+      except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(f"init_from={path}: {INDEX} has no readable weight_map ({e})") from None
     elif os.path.isfile(os.path.join(path, SINGLE)):
       files = [SINGLE]
     else:
@@ -206,15 +214,24 @@ class Tensors:
     self.path, self._meta, self.bytes_read = path, {}, 0
     for file in files:
       full = os.path.join(path, file)
+      not_safetensors = f"init_from={path}: {file} is not a whole safetensors file"
       try:
+        length = os.path.getsize(full)
         with open(full, "rb") as f:
           size = int.from_bytes(f.read(8), "little")
+          if size > length - 8:  # A Git LFS pointer, say: a clone without git-lfs.
+            raise UserError(f"{not_safetensors} (its header runs past its end: a Git LFS pointer?)")
           header = json.loads(f.read(size))
-      except (OSError, ValueError) as e:
-        raise UserError(f"init_from={path}: {file} is not a readable safetensors file ({e})") from None
-      for name, info in header.items():
-        if name != "__metadata__":
-          self._meta[name] = (full, 8 + size + info["data_offsets"][0], info["dtype"], tuple(info["shape"]))
+        for name, info in header.items():
+          if name != "__metadata__":
+            start, end = info["data_offsets"]
+            if 8 + size + end > length:
+              raise UserError(f"{not_safetensors}: {name} runs past its end (truncated?)")
+            self._meta[name] = (full, 8 + size + start, info["dtype"], tuple(info["shape"]))
+      except OSError as e:
+        raise UserError(f"init_from={path}: cannot read {file} ({e.strerror})") from None
+      except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(f"{not_safetensors} ({type(e).__name__}: {e})") from None
 
   def names(self) -> set[str]:
     return set(self._meta)
@@ -276,18 +293,12 @@ class Pretrained:
   """Our params read from a Hugging Face Llama directory: `read(leaf, shape, index)` is the slice of
   one parameter, in float32 (bfloat16 and float16 files are widened)."""
 
-  def __init__(self, path: str, leaves: list[tuple[str, ...]], tied: bool):
+  def __init__(self, path: str, leaves: list[tuple[str, ...]], tied: bool, num_layers: int):
     self.tensors = Tensors(path)
     expected = set()
     for leaf in leaves:
       lay, layer, scanned = layout(leaf)
-      if not scanned:
-        expected.add(lay.name.format(i=layer))
-    layers = {int(n.split(".")[2]) for n in self.tensors.names() if n.startswith("model.layers.")}
-    for leaf in leaves:
-      lay, _, scanned = layout(leaf)
-      if scanned:
-        expected |= {lay.name.format(i=i) for i in layers}
+      expected |= {lay.name.format(i=i) for i in (range(num_layers) if scanned else [layer])}
     unexpected = self.tensors.names() - expected - ({"lm_head.weight"} if tied else set())
     unexpected = {n for n in unexpected if not n.endswith(_COMPUTED)}
     missing = expected - self.tensors.names()

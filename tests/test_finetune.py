@@ -76,6 +76,7 @@ def test_prepared_examples_weigh_only_responses_and_stay_whole(pairs, tmp_path):
   prepare.prepare([str(chat)], str(tmp_path / "c"), seq_len=256, examples="chat", chat_template="llama3")
   record = ArrayRecordSource(str(tmp_path / "c"), "train", 256)[0]
   assert tok.decode(record["tokens"][record["loss_weights"] > 0][:-1]) == "hi<|eot_id|>"
+  assert tok.decode(record["tokens"]).startswith("<|begin_of_text|><|start_header_id|>system")
 
   # The same text split elsewhere between prompt and response: other weights, another fingerprint.
   moved = tmp_path / "moved.jsonl"

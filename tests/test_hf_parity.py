@@ -177,6 +177,7 @@ def test_init_from_on_the_command_line_resumes_and_checks_given_keys(llamas, tmp
     ({"sliding_window": 4096}, "a sliding attention window"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_type 'yarn'"),
     ({"rope_parameters": None, "rope_scaling": {"type": "dynamic"}}, "rope_type 'dynamic'"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
   ],
 )
 def test_a_feature_the_decoder_lacks_is_an_error_naming_it(llamas, tmp_path, change, named):
@@ -186,6 +187,33 @@ def test_a_feature_the_decoder_lacks_is_an_error_naming_it(llamas, tmp_path, cha
   with pytest.raises(UserError, match="which model/transformer.py's Decoder does not have") as e:
     lm.pretrained_keys(str(tmp_path))
   assert named in str(e.value)
+
+
+def test_rope_parameters_without_a_theta_take_the_top_level_one(llamas, tmp_path):
+  with open(os.path.join(llamas["gqa"][0], hf_llama.CONFIG)) as f:
+    config = json.load(f) | {"rope_parameters": {"rope_type": "default"}, "rope_theta": 123.0}
+  (tmp_path / hf_llama.CONFIG).write_text(json.dumps(config))
+  assert lm.pretrained_keys(str(tmp_path))["model.rope_base"] == (123.0, "rope_theta")
+
+
+def test_files_that_are_not_whole_safetensors_are_one_line(llamas, tmp_path):
+  """A Git LFS pointer (a clone without git-lfs), a truncated file, a broken index: UserErrors."""
+  source = os.path.join(llamas["gqa"][0], hf_llama.SINGLE)
+  with open(source, "rb") as f:
+    whole = f.read()
+  cases = {
+    "lfs": b"version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 2471628800\n",
+    "truncated": whole[: len(whole) // 2],
+  }
+  for name, data in cases.items():
+    (tmp_path / name).mkdir()
+    (tmp_path / name / hf_llama.SINGLE).write_bytes(data)
+    with pytest.raises(UserError, match="is not a whole safetensors file"):
+      hf_llama.Tensors(str(tmp_path / name))
+  (tmp_path / "index").mkdir()
+  (tmp_path / "index" / hf_llama.INDEX).write_text("{not json")
+  with pytest.raises(UserError, match="has no readable weight_map"):
+    hf_llama.Tensors(str(tmp_path / "index"))
 
 
 def test_a_trained_run_exports_what_transformers_loads(tmp_path):

@@ -1,6 +1,7 @@
 """data.source='mixture': weights over prepared data sets, mixed deterministically whatever the
 topology. One process and two see the same mixed batches, a kill -9 resume continues them exactly,
-each source's share is in the metrics, and another weighting is another fingerprint."""
+each source's share is in the metrics, and another weighting is another fingerprint (a resume on it
+is refused like any change of data)."""
 
 import os
 import signal
@@ -13,7 +14,7 @@ import pytest
 
 from data import mixture, prepare
 from errors import UserError
-from tests.conftest import REPO, read_jsonl, run_main
+from tests.conftest import REPO, read_jsonl, run_main, tiny_config
 from tests.test_local_launcher import _launch
 
 pytestmark = pytest.mark.slow
@@ -43,6 +44,9 @@ def test_each_block_holds_every_source_at_its_weight_spread_evenly():
   assert rows == [tuple(source[i]["tokens"]) for i in range(len(source))]  # A pure function of i.
   assert [round(p, 2) for p in source.passes()] == [37.5, 0.37, 1.07]
   assert mixture.quotas([0.9999, 0.0001]) == [1023, 1]  # Every source at least once per block.
+  # A held-out split without the first data set: the others keep their names and relative weights.
+  held_out = mixture.MixtureSource([_Records(10, 1), _Records(10, 2)], [0.3, 0.2], ids=[1, 2])
+  assert held_out.counts == [614, 410] and {held_out[i]["source"] for i in range(20)} == {1, 2}
   for spec in ("a:1", "a:1,b", "a:1,b:0", "a:1,b:x"):
     with pytest.raises(UserError, match="data.mixture"):
       mixture.parse(spec)
@@ -111,5 +115,13 @@ def test_one_process_and_two_see_the_same_mixed_batches_and_a_kill_resumes_them(
     assert a[step]["loss"] == pytest.approx(b[step]["loss"], rel=1e-5), step
   assert abs(np.mean([a[s]["share_letters"] for s in a]) - 0.75) < 0.1
 
-  reweighted = run_main("--cpu_devices=8", *base, f"--config.data.mixture={spec[:-1]}2", f"--workdir={one}")
-  assert reweighted.returncode == 2 and "fingerprint" in reweighted.stderr, reweighted.stderr
+  # Another weighting is other data: its fingerprint differs, so a resume on it is refused.
+  from experiments import lm
+
+  fingerprint = lambda s: (
+    lm.data_sources(
+      tiny_config(**{"data.source": "mixture", "data.mixture": s, "model.vocab_size": 258})
+    ).fingerprint
+  )
+  assert fingerprint(spec) == fingerprint(spec.replace(":3", ":6").replace(":1", ":2"))  # Normalized.
+  assert fingerprint(spec) != fingerprint(spec[:-1] + "2")
