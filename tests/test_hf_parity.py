@@ -130,7 +130,8 @@ def test_bfloat16_weights_and_compute_agree_within_the_stated_tolerance(tmp_path
 
 
 def test_hf_to_ours_to_hf_is_bit_for_bit(llamas, tmp_path):
-  """Read onto 8 devices (scanned: stacked per layer) and written back: every tensor, bit for bit."""
+  """Read onto 8 devices (scanned: stacked per layer) and written back: every tensor, bit for bit, and
+  transformers computes the same logits from the written directory (its config.json, rope included)."""
   for name, (path, _) in llamas.items():
     c = assemble.apply_args(assemble.config("lm"), "tiny,fsdp=4")
     c.init_from, c.model.scan_layers = path, name == "gqa"
@@ -144,6 +145,9 @@ def test_hf_to_ours_to_hf_is_bit_for_bit(llamas, tmp_path):
     for tensor in original.names():
       everything = (slice(None),) * len(original.shape(tensor))
       np.testing.assert_array_equal(exported.read(tensor, everything), original.read(tensor, everything))
+    back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()  # Its config.json says the same.
+    tokens = np.random.default_rng(3).integers(0, 96, (2, 40))
+    np.testing.assert_array_equal(their_logits(back, tokens), their_logits(llamas[name][1], tokens))
 
 
 def test_init_from_on_the_command_line_resumes_and_checks_given_keys(llamas, tmp_path):
