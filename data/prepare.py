@@ -187,8 +187,8 @@ def prepare(
       shutil.copyfile(tok.model, os.path.join(staging, TOKENIZER_FILE))
     record_len = seq_len + 1
     raw = os.path.join(staging, "tokens.tmp")  # On disk: corpora larger than memory work.
+    weights_raw = os.path.join(staging, "weights.tmp")  # Examples' loss weights, beside their tokens.
     if examples:
-      weights_raw = os.path.join(staging, "weights.tmp")
       stats = prepare_examples.pack(read(), tok, record_len, raw, weights_raw)
       stats.update(empty=0, not_text=0)
       num_records = stats["records"]
@@ -218,7 +218,7 @@ def prepare(
       record = stream_records(tokens, tok.pad_id, record_len)
       last_valid = num_tokens - (num_records - 1) * record_len  # Real tokens in the stream's last record.
     shards, fingerprint = write_shards(record, sizes, records_per_shard, staging)
-    for tmp in (raw, os.path.join(staging, "weights.tmp")):
+    for tmp in (raw, weights_raw):
       if os.path.exists(tmp):
         os.remove(tmp)
     skipped = {"empty": stats["empty"], "not_text": stats["not_text"]}

@@ -248,11 +248,10 @@ def model_flops_per_example(config, param_count: int) -> float:
 def example_batch(config) -> dict[str, np.ndarray]:
   """One row shaped as data_sources' batches are, from the config alone (--mode=inspect compiles from it)."""
   d = config.data
-  packed = d.source == "arrayrecord" and d.packing
+  packed = d.source in ("arrayrecord", "mixture") and d.packing
   records = {"tokens": np.zeros((1, d.seq_len + 1), np.int32)}
   if d.source == "mixture":
     records["source"] = np.zeros(1, np.int32)
-  packed = packed or (d.source == "mixture" and d.packing)
   return make_batch(records, np.ones(1, bool), pad_id=0, eos_id=0 if packed else None)
 
 

@@ -271,6 +271,11 @@ def _from_tensor(tensors: Tensors, lay: Layout, layer: int, shape: tuple, index:
   """Our slice `index` (one slice per dim of our `shape`) of one layer's tensor, reading only the
   rows and columns it needs: per tensor axis, the range its group's first dim covers."""
   name = lay.name.format(i=layer)
+  if (found := tensors.shape(name)) != (expected := hf_shape(lay, shape)):
+    raise UserError(
+      f"init_from={tensors.path}: {name} is {list(found)}, but the model's config makes it "
+      f"{list(expected)}: config.json and the weights disagree"
+    )
   dims, reads, rest, at = [], [], [], 0
   for size in lay.groups:
     group, sl = shape[at : at + size], index[at : at + size]
@@ -318,11 +323,8 @@ class Pretrained:
 
   def read(self, leaf: tuple[str, ...], shape: tuple[int, ...], index: tuple[slice, ...]) -> np.ndarray:
     lay, layer, scanned = layout(leaf)
-    full = hf_shape(lay, shape[1:] if scanned else shape)
     if scanned:
       start, stop, _ = index[0].indices(shape[0])
-      for i in (start, stop - 1):
-        self._check_shape(lay.name.format(i=i), full)
       out = None
       for i in range(start, stop):  # Layer by layer into one array, never a second copy of it.
         part = _from_tensor(self.tensors, lay, i, shape[1:], index[1:])
@@ -330,17 +332,8 @@ class Pretrained:
           out = np.empty((stop - start, *part.shape), np.float32)
         out[i - start] = part
     else:
-      self._check_shape(lay.name.format(i=layer), full)
       out = _from_tensor(self.tensors, lay, layer, shape, index)
     return out.astype(np.float32, copy=False)
-
-  def _check_shape(self, name: str, expected: tuple) -> None:
-    found = self.tensors.shape(name)
-    if found != expected:
-      raise UserError(
-        f"init_from={self.tensors.path}: {name} is {list(found)}, but the model's config makes it "
-        f"{list(expected)}: config.json and the weights disagree"
-      )
 
 
 # --- Our params -> Hugging Face tensors

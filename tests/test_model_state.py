@@ -173,6 +173,22 @@ def test_verify_checks_the_variables_and_fails_naming_one_a_fork_would_lose(tmp_
   assert [p["name"] for p in failed] == ["variables"] and "variable seen (created" in failed[0]["detail"]
 
 
+def _save_old_tree(tmp_path, step, old, comp, config) -> store.Checkpoints:
+  """Saves `old` as checkpoint `step` the way the trainer did before it kept variables and an EMA."""
+  ckpt = store.Checkpoints(str(tmp_path), 3, 0)
+  ckpt.manager.save(
+    step,
+    args=ocp.args.Composite(
+      state=ocp.args.StandardSave(old),
+      data=ocp.args.JsonSave(store.data_position(step, 0, comp)),
+      config=ocp.args.JsonSave(json.loads(config.to_json())),
+      meta=ocp.args.JsonSave({}),
+    ),
+  )
+  ckpt.manager.wait_until_finished()
+  return ckpt
+
+
 def test_a_checkpoint_from_before_variables_were_kept_apart_is_refused_and_left_in_place(tmp_path):
   """The old trainer saved every nnx variable under params, with no variables or ema in its tree."""
 
@@ -186,17 +202,7 @@ def test_a_checkpoint_from_before_variables_were_kept_apart_is_refused_and_left_
     "opt_state": state.opt_state,
     "rng": state.rng,
   }
-  ckpt = store.Checkpoints(str(tmp_path), 3, 0)
-  ckpt.manager.save(
-    7,
-    args=ocp.args.Composite(
-      state=ocp.args.StandardSave(old),
-      data=ocp.args.JsonSave(store.data_position(7, 0, comp)),
-      config=ocp.args.JsonSave(json.loads(config.to_json())),
-      meta=ocp.args.JsonSave({}),
-    ),
-  )
-  ckpt.manager.wait_until_finished()
+  ckpt = _save_old_tree(tmp_path, 7, old, comp, config)
 
   with pytest.raises(UserError, match=r"checkpoint 7 was written before the train state kept variables"):
     ckpt.restore_latest(state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx))
@@ -212,17 +218,7 @@ def test_an_old_checkpoint_of_a_model_without_variables_restores_and_its_shapes_
   comp = components.build(config)
   state = components.init_state(comp, config)
   old = {"step": state.step, "params": state.params, "opt_state": state.opt_state, "rng": state.rng}
-  ckpt = store.Checkpoints(str(tmp_path), 3, 0)
-  ckpt.manager.save(
-    2,
-    args=ocp.args.Composite(
-      state=ocp.args.StandardSave(old),
-      data=ocp.args.JsonSave(store.data_position(2, 0, comp)),
-      config=ocp.args.JsonSave(json.loads(config.to_json())),
-      meta=ocp.args.JsonSave({}),
-    ),
-  )
-  ckpt.manager.wait_until_finished()
+  ckpt = _save_old_tree(tmp_path, 2, old, comp, config)
   restored = ckpt.restore_latest(state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx))
   assert restored.step == 2 and restored.state.variables == {} and restored.state.ema == {}
   for a, b in zip(jax.tree.leaves(restored.state.params), jax.tree.leaves(state.params), strict=True):

@@ -30,7 +30,7 @@ import experiments
 from errors import UserError
 from trainer import rundir
 from trainer import state as state_lib
-from trainer.checkpoint import store
+from trainer.checkpoint import store, tree
 from trainer.config import assemble
 from trainer.observe.metrics import console
 
@@ -54,7 +54,7 @@ def configure(config, workdir: str, given=()) -> None:
         json.dump({"path": os.path.abspath(path), "keys": keys}, f, indent=2)
   changed = []
   for dotted, (value, source) in keys.items():
-    current = _get(config, dotted)
+    current = assemble.get_key(config, dotted)
     if dotted in given and current != value:
       raise UserError(
         f"--config.{dotted}={current} disagrees with init_from={path}: its {source} makes it {value}; "
@@ -79,13 +79,6 @@ def _keys(path: str, config) -> dict:
       "pretrained format (pretrained_keys, open_pretrained: trainer/init_from.py)"
     )
   return {k: list(v) for k, v in experiment.pretrained_keys(path).items()}
-
-
-def _get(config, dotted: str):
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
 
 
 def initial_params(comp, config) -> tuple[dict, dict | None]:
@@ -126,14 +119,10 @@ def initial_params(comp, config) -> tuple[dict, dict | None]:
 
 def _from_run(path: str, comp, config) -> tuple[dict, dict | None]:
   """Params (and variables, when the run has the same) of another run's newest checkpoint."""
-  directory = rundir.checkpoints(os.path.abspath(path))
-  options = ocp.CheckpointManagerOptions(read_only=True)
-  with ocp.CheckpointManager(
-    directory, options=options, item_handlers=store.Checkpoints.item_handlers()
-  ) as m:
+  with store.read_only(path) as m:
     step = m.latest_step()
     if step is None:
-      raise UserError(f"init_from={path}: no finished checkpoint in {directory}")
+      raise UserError(f"init_from={path}: no finished checkpoint in {rundir.checkpoints(path)}")
     saved = m.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
     metadata = m.item_metadata(step)["state"]
   if saved.get("experiment") != config.experiment:
@@ -141,14 +130,14 @@ def _from_run(path: str, comp, config) -> tuple[dict, dict | None]:
       f"init_from={path} is a run of experiment {saved.get('experiment')!r}, this one of "
       f"{config.experiment!r}"
     )
-  target = {"params": _target(comp.mdef.params, comp.shardings.params)}
+  abstract = state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx)
+  target = {"params": abstract.params}
   _check_shapes("params", metadata["params"], target["params"], path, step)
-  with_variables = bool(comp.mdef.variables) and "variables" in metadata
-  if with_variables:
-    target["variables"] = _target(comp.mdef.variables, comp.shardings.variables)
+  if comp.mdef.variables and "variables" in metadata:
+    target["variables"] = abstract.variables
     _check_shapes("variables", metadata["variables"], target["variables"], path, step)
   restored = ocp.PyTreeCheckpointer().restore(
-    os.path.join(directory, str(step), "state"),
+    os.path.join(rundir.checkpoint(os.path.abspath(path), step), "state"),
     args=ocp.args.PyTreeRestore(
       item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
     ),
@@ -157,15 +146,8 @@ def _from_run(path: str, comp, config) -> tuple[dict, dict | None]:
   return restored["params"], restored.get("variables")
 
 
-def _target(abstract, shardings):
-  return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract, shardings)
-
-
 def _check_shapes(part: str, saved, target, path: str, step: int) -> None:
-  flat = lambda tree: {
-    "/".join(state_lib.path_keys(p)): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-  }
-  ours, theirs = flat(target), flat(saved)
+  ours, theirs = tree.paths_and_shapes(target), tree.paths_and_shapes(saved)
   differ = [f"{n} {list(theirs.get(n, ()))} -> {list(s)}" for n, s in ours.items() if theirs.get(n) != s]
   if differ or set(theirs) - set(ours):
     extra = sorted(set(theirs) - set(ours))

@@ -15,17 +15,15 @@ needed). trainer/modes/export.py writes what it reads as safetensors.
 """
 
 import functools
-import os
 from typing import Any, NamedTuple
 
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
-from absl import logging
 from jax.sharding import SingleDeviceSharding
 
 from errors import UserError
-from trainer import components, rundir
+from trainer import components
 from trainer import state as state_lib
 from trainer.checkpoint import store, tree
 from trainer.config import assemble
@@ -67,18 +65,10 @@ def _config_from_json(saved: dict) -> ml_collections.ConfigDict:
 def load(workdir: str, step: int | None = None, with_optimizer: bool = False) -> Loaded:
   """The params (and optionally the optimizer state) of checkpoint `step` (None: the newest) of the
   run in `workdir`, as numpy arrays, with its config."""
-  directory = rundir.checkpoints(os.path.abspath(workdir))
   if not store.has_checkpoints(workdir):
     raise UserError(f"{workdir} has no checkpoints/STEP directory: train there first")
-  handlers = store.Checkpoints.item_handlers()
-  verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)  # Orbax warns that a read-only manager will not save.
-  try:
-    options = ocp.CheckpointManagerOptions(read_only=True)
-    with ocp.CheckpointManager(directory, options=options, item_handlers=handlers) as manager:
-      state, config, step = _restore(manager, workdir, step)
-  finally:
-    logging.set_verbosity(verbosity)
+  with store.read_only(workdir) as manager:
+    state, config, step = _restore(manager, workdir, step)
   opt_state = state.opt_state if with_optimizer else None
   return Loaded(state.params, state.variables, state.ema, opt_state, config, step)
 

@@ -5,6 +5,7 @@ Saves are asynchronous and atomic: a step directory appears only once complete; 
 a kill are ignored and cleaned. A background save error surfaces in the loop at the next step.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -39,6 +40,21 @@ def make_workdir(workdir: str) -> None:
     ) from None
   if not os.access(workdir, os.W_OK | os.X_OK):
     raise UserError(f"--workdir={workdir}: not writable; use a writable directory")
+
+
+@contextlib.contextmanager
+def read_only(workdir: str):
+  """A read-only CheckpointManager over `workdir`'s checkpoints, for reading another run (Orbax's
+  warning that such a manager will not save is silenced)."""
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    options = ocp.CheckpointManagerOptions(read_only=True)
+    directory = rundir.checkpoints(os.path.abspath(workdir))
+    with ocp.CheckpointManager(directory, options=options, item_handlers=Checkpoints.item_handlers()) as m:
+      yield m
+  finally:
+    logging.set_verbosity(verbosity)
 
 
 def has_checkpoints(workdir: str) -> bool:

@@ -16,7 +16,8 @@ from trainer.state import TrainState, path_keys
 _PARTS = {"params": "parameter", "variables": "variable", "ema": "averaged parameter"}
 
 
-def _paths_and_shapes(tree) -> dict[str, tuple]:
+def paths_and_shapes(tree) -> dict[str, tuple]:
+  """{'params/blocks/0/attn/wq': shape, ...} of a tree of arrays, shapes or metadata."""
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     out["/".join(path_keys(path))] = tuple(leaf.shape)
@@ -38,7 +39,7 @@ def restore_target(step: int, saved, target: TrainState) -> tuple[object, Callab
       f"this model has {'/'.join(filled)} to restore: resume it with the trainer that wrote it, or "
       "start a new --workdir"
     )
-  _check_parts(step, _paths_and_shapes(saved.tree), _paths_and_shapes(target))  # Old trees too.
+  _check_parts(step, paths_and_shapes(saved.tree), paths_and_shapes(target))  # Old trees too.
   if not missing:
     return target, lambda restored: restored
   # Nothing of the missing parts to fill in: restore the old tree, and add them empty.

@@ -58,6 +58,13 @@ def dotted_keys(c, prefix: str = "") -> set[str]:
   return out
 
 
+def get_key(c, dotted: str):
+  node = c
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
 def set_key(c, dotted: str, value) -> None:
   node = c
   *path, leaf = dotted.split(".")
