@@ -163,9 +163,14 @@ def test_fault_matrix(cell, data, straight, four_steps, tmp_path, monkeypatch, c
 def _settled(directory, quiet_s=1.0, timeout_s=30.0):
   """Until nothing under `directory` changes for `quiet_s`: tensorstore's writer threads of a save
   that failed in another item go on in this process (a real run's process has exited by then)."""
-  listing = lambda: sorted(
-    (r, n, os.path.getsize(os.path.join(r, n))) for r, _, ns in os.walk(directory) for n in ns
-  )
+
+  def size(path):
+    try:
+      return os.path.getsize(path)
+    except FileNotFoundError:  # Removed by a writer thread since the walk: still changing.
+      return -1
+
+  listing = lambda: sorted((r, n, size(os.path.join(r, n))) for r, _, ns in os.walk(directory) for n in ns)
   deadline, last, since = time.time() + timeout_s, None, time.time()
   while time.time() < deadline:
     now = listing()
