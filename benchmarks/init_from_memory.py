@@ -90,7 +90,9 @@ def worker(args) -> None:
   config = runpy.run_path(args.config)["get_config"]()
   config.init_from = args.dir
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.dcn_fsdp = 1, -1, 1, args.processes
-  init_from.configure(config, tempfile.mkdtemp(prefix="init_from_bench_"))
+  workdir = tempfile.mkdtemp(prefix="init_from_bench_")  # Only for init_from.json; removed at once.
+  init_from.configure(config, workdir)
+  shutil.rmtree(workdir, ignore_errors=True)
   comp = components.build(config, with_data=False)
   peak, done = [_anon_bytes()], threading.Event()
   before = peak[0]
