@@ -128,6 +128,8 @@ def main(argv):
         )
       pathways.initialize()  # Instead of join_job: no jax.distributed, one controller process.
     else:
+      if _CONFIG.value.checks.recompute_every:  # Its equal bits need deterministic GPU kernels.
+        runtime.use_deterministic_gpu_ops()
       runtime.configure_cpu_devices(_CPU_DEVICES.value)
       runtime.use_cpu_collectives_interface(_CPU_COLLECTIVES_INTERFACE.value)
       runtime.join_job(

@@ -7,6 +7,9 @@ the packages); `--allow_cpu` runs the same code on CPU at toy sizes (tests/test_
   transfer      the loop's transfer guard holds on the device (a host copy inside it raises)
   checkpoint    Orbax save and restore of the train state: GB/s each way, restored bitwise
   lm_125m       configs/lm_125m.py on one GPU (synthetic data): tokens/s and MFU
+  recompute     lm_125m's real train step twice from the same state and batch: bitwise equal, as the
+                recompute check (trainer/cluster/recompute.py) and invariant 5 need, under the
+                trainer's deterministic kernels; a child with XLA's defaults gives their cost in tokens/s
 
 Each row says what was measured, the bound it is held to, and ok or FAIL; the exit code is 1 when a row
 failed. Bounds: cuDNN's largest error against float32 attention at most twice XLA's bf16 one; bf16's final
@@ -15,6 +18,7 @@ allocator buffers inspect does not see); restore bitwise.
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -160,6 +164,65 @@ def check_checkpoint(gpu: bool) -> None:
   row("checkpoint", figure, "restored bitwise", same)
 
 
+def _step_twice(gpu: bool) -> tuple[int, int, str]:
+  """(differing leaves, leaves, the first that differs) of lm_125m's real train step (the loop's:
+  microbatches, optimizer update, donation) run twice from copies of one state and batch."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from data import pipeline
+  from trainer import components
+  from trainer.cluster import replicas
+  from trainer.step import make_train_step
+
+  config = _lm_125m(gpu)
+  comp = components.build(config)
+  state = components.init_state(comp, config)
+  b = config.global_batch_size
+  batch = pipeline.to_global(components.local_batches(comp)(0), comp.batch_sharding, b)
+  step = make_train_step(comp, config.microbatches)
+  runs = []
+  with jax.set_mesh(comp.mesh):
+    for _ in range(2):
+      new, metrics = step(jax.tree.map(jnp.copy, state), batch)  # The step donates its state.
+      runs.append([("loss", metrics["loss"]), *replicas.named_leaves(new)])
+  differ = [n for (n, x), (_, y) in zip(*runs, strict=True) if not np.array_equal(np.asarray(x), np.asarray(y))]
+  return len(differ), len(runs[0]), (differ or [""])[0]
+
+
+def check_recompute(gpu: bool) -> None:
+  """The recompute check rotates shards between a host's devices and asks for equal bits; one GPU
+  has nothing to rotate, but the bits must first be equal on the same device. The trainer's default
+  is deterministic kernels (trainer/cluster/runtime.py); a child without them says what they cost."""
+  import subprocess
+
+  from trainer.cluster import runtime
+
+  differ, leaves, first = _step_twice(gpu)
+  figure = f"lm_125m's step twice on one device: {differ} of {leaves} leaves differ"
+  figure += f" (first: {first})" if differ else ""
+  r = subprocess.run(
+    [sys.executable, __file__, "--nondeterministic_child"] + (["--allow_cpu"] if not gpu else []),
+    env={**os.environ, "XLA_FLAGS": XLA_FLAGS_GIVEN},  # XLA's defaults.
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  try:
+    child = json.loads(r.stdout.strip().splitlines()[-1])
+    tokens = child["tokens_per_s"]
+    ratio = f", {TOKENS[0] / tokens:.3f}x its {tokens:,.0f} tokens/s" if TOKENS else ""
+    figure += f"; with XLA's defaults: {child['differ']} differ{ratio}"
+  except (IndexError, KeyError, ValueError):
+    figure += f"; the child without the flag failed: {r.stderr.strip()[-160:]}"
+  row("recompute", figure, "bitwise", differ == 0)
+
+
+XLA_FLAGS_GIVEN = os.environ.get("XLA_FLAGS", "")  # Before the trainer's own are added.
+TOKENS = []  # lm_125m's tokens/s in this process (deterministic kernels), for the recompute row's ratio.
+
+
 def check_lm_125m(gpu: bool) -> None:
   """Tokens/s and MFU of lm_125m, and the process's peak device memory against inspect's estimate of
   the same step (run last: the peak is the process's, and this step is its largest)."""
@@ -171,6 +234,7 @@ def check_lm_125m(gpu: bool) -> None:
   estimate = inspect.report(config)["compiled"]["memory_per_device"]["total"]
   summary, rows = _train(config)
   tokens = statistics.median(r["tokens_per_s"] for r in rows[1:] or rows)  # The first window compiles.
+  TOKENS.append(tokens)
   mfu = summary.get("mfu")
   mfu_text = f"{100 * mfu:.1f}%" if isinstance(mfu, float) else str(mfu)
   row(
@@ -199,10 +263,13 @@ def check_lm_125m(gpu: bool) -> None:
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--allow_cpu", action="store_true", help="run at toy sizes on CPU (the suite's test)")
+  parser.add_argument("--nondeterministic_child", action="store_true", help="the recompute row's child")
   args = parser.parse_args()
-  if args.allow_cpu:
-    from trainer.cluster import runtime
+  from trainer.cluster import runtime
 
+  if not args.nondeterministic_child:
+    runtime.use_deterministic_gpu_ops()  # As main.py does: what the trainer runs with.
+  if args.allow_cpu:
     runtime.configure_cpu_devices(1)
   import jax
   from absl import logging
@@ -212,10 +279,20 @@ def main() -> int:
   if not gpu and not args.allow_cpu:
     print(f"gpu_check: no GPU here (JAX's backend is {jax.default_backend()}): nothing to check")
     return 0
+  if args.nondeterministic_child:
+    differ, _, _ = _step_twice(gpu)
+    _, rows = _train(_lm_125m(gpu))
+    tokens = statistics.median(r["tokens_per_s"] for r in rows[1:] or rows)
+    print(json.dumps({"differ": differ, "tokens_per_s": tokens}))
+    return 0
   device = jax.devices()[0]
   print(f"gpu_check on {device.device_kind} ({device.platform}), jax {jax.__version__}", flush=True)
   t0 = time.time()
-  for check in (check_attention, check_bf16, check_transfer, check_checkpoint, check_lm_125m):
+  # cuDNN attention last: after it, lm_125m's training under the trainer's deterministic flags failed in
+  # the same process (cuDNN graph capture: "capturing stream has unjoined work"); in a fresh process,
+  # as training runs, it did not (WORKSPACE, First GPU).
+  checks = (check_bf16, check_transfer, check_checkpoint, check_lm_125m, check_recompute, check_attention)
+  for check in checks:
     try:
       check(gpu)
     except Exception as e:  # noqa: BLE001 - one failed check is a FAIL row; the others still run.

@@ -6,7 +6,9 @@
 Each runs every N steps and on every step that saves a checkpoint on schedule (0: off).
 """
 
-from trainer.cluster import recompute, replicas
+import jax
+
+from trainer.cluster import recompute, replicas, runtime
 from trainer.observe.metrics import console
 
 
@@ -15,10 +17,21 @@ class Checks:
     c = config.checks
     self.mesh, self.replica_every = comp.mesh, c.replica_every
     self.save_every, self.last_step = config.checkpoint.every, last_step
-    self.recompute = recompute.RecomputeCheck(comp, config.microbatches, make_train_step, c.recompute_every)
-    if c.recompute_every and not self.recompute.on:
+    every = c.recompute_every
+    # Two runs of one step on a GPU differ without deterministic kernels: every check would accuse a
+    # healthy device (trainer/cluster/runtime.py).
+    nondeterministic = jax.default_backend() == "gpu" and not runtime.gpu_ops_deterministic()
+    self.recompute = recompute.RecomputeCheck(
+      comp, config.microbatches, make_train_step, 0 if nondeterministic else every
+    )
+    if every and nondeterministic:
       console(
-        f"warning: checks.recompute_every={c.recompute_every} is off: a process with one device has no "
+        f"warning: checks.recompute_every={every} is off: XLA_FLAGS sets "
+        f"{runtime.DETERMINISTIC_FLAG}=false, and two runs of one step on a GPU then differ in their bits"
+      )
+    elif every and not self.recompute.on:
+      console(
+        f"warning: checks.recompute_every={every} is off: a process with one device has no "
         "other device to recompute its shards on"
       )
 

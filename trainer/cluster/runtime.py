@@ -28,6 +28,33 @@ CPU_COLLECTIVE_FLAGS = (
 )
 
 
+# XLA:GPU picks nondeterministic kernels by default (atomic scatter-adds and reductions): on one H200
+# (benchmarks/gpu_check.sh, jax 0.11.2) lm_125m's train step run twice from one state and batch differed
+# in 35 of its 39 state leaves, and under the first flag below in none. The recompute check
+# (trainer/cluster/recompute.py) needs equal bits, so main.py sets these flags when it is on. Under
+# that flag alone cuDNN attention's training step failed in CUDA graph capture ("capturing stream has
+# unjoined work"), so command buffers (CUDA graphs) go with it. Their cost, gpu_check's recompute row:
+# lm_125m ran at 0.742x XLA's default tokens/s. Flags of yours in XLA_FLAGS come later and win; with
+# --xla_gpu_deterministic_ops=false the recompute check is off on GPUs, and says so.
+DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops"
+DETERMINISTIC_GPU_FLAGS = (f"{DETERMINISTIC_FLAG}=true", "--xla_gpu_enable_command_buffer=")
+
+
+def use_deterministic_gpu_ops() -> None:
+  """Must run before the backend starts (XLA reads XLA_FLAGS once); known flags on every backend."""
+  os.environ["XLA_FLAGS"] = " ".join((*DETERMINISTIC_GPU_FLAGS, os.environ.get("XLA_FLAGS", ""))).strip()
+
+
+def gpu_ops_deterministic() -> bool:
+  """Whether XLA_FLAGS leaves XLA:GPU's kernels deterministic: the last setting of the flag wins."""
+  value = "false"
+  for flag in os.environ.get("XLA_FLAGS", "").split():
+    name, _, given = flag.partition("=")
+    if name == DETERMINISTIC_FLAG:
+      value = given.lower() or "true"
+  return value in ("true", "1")
+
+
 def use_cpu_collectives_interface(interface: str | None) -> None:
   """Gloo, XLA:CPU's collectives between processes, advertises to its peers the address this host's
   name resolves to (often 127.0.1.1, or another network's address on a multi-homed host): with an
