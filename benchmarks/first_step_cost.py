@@ -1,11 +1,12 @@
 """What checks.first_step costs (trainer/cluster/first_step.py), from the ahead-of-time estimate alone:
 nothing is allocated or run. For a config on N logical CPU devices (default: lm_1b on 64), compiles
-the train step, the configured gradient program, and each other partitioning the check may choose,
-and prints per device the memory XLA plans (arguments + outputs + temporaries - aliased) and the
-compiled FLOPs, with each program's FLOPs as a multiple of the train step's. The check runs the
-configured program and the first candidate that fits once each, so it costs about that many steps
-plus their compiles. A candidate fits a device of --device_gib (80: H100/H200 class) when its plan
-does.
+the train step, the same step with the check's outputs (gradients and updates) under the configured
+layout, and under each other layout the check may choose, and prints per device the memory XLA plans
+(arguments + outputs + temporaries - aliased), the compiled FLOPs as a multiple of the train step's,
+and whether the program is another than the configured one (the check skips a layout that compiles
+alike). The configured program is the run's real first step; the check adds the first other layout
+that is distinct and fits: one more step, a copy of the state, and two compiles. A layout fits a
+device of --device_gib (80: H100/H200 class) when its plan does.
 
   .venv/bin/python benchmarks/first_step_cost.py [--config=configs/lm_1b.py] [--cpu_devices=64]
 
@@ -40,10 +41,12 @@ def main():
 
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+  from errors import UserError
   from trainer import components
   from trainer import state as state_lib
   from trainer.cluster import first_step
   from trainer.modes.inspect import compile_train_step
+  from trainer.step import make_train_step
 
   config = runpy.run_path(args.config)["get_config"]()
   devices = jax.devices()
@@ -52,28 +55,36 @@ def main():
   comp, target, step = compile_train_step(config, devices)
   rows.append(("train step", dict(comp.mesh.shape), config.sharding.strategy, *_plan(step), time.time() - t0))
   _, batch = components.build_for_compile(config, devices)
+  mine = None
   for label, sizes, strategy in [("configured", None, None)] + [
     ("candidate", s, k) for s, k in first_step.candidates(config, devices)
   ]:
     cfg = config if sizes is None else first_step.other_config(config, sizes, strategy)
-    c = comp if sizes is None else components.build(cfg, devices, with_data=False)
+    try:
+      c = comp if sizes is None else components.build(cfg, devices, with_data=False)
+    except UserError as e:
+      print(f"skipped {sizes} {strategy}: {e}")
+      continue
     t = state_lib.abstract_state(c.shardings, c.mdef, c.tx)
-    on = c.batch_sharding
-    spec = jax.tree.map(lambda s, on=on: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on), batch)
     t0 = time.time()
     with jax.set_mesh(c.mesh):
-      compiled = first_step.grads_program(c).lower(t.params, t.variables, spec, t.rng).compile()
-    rows.append((label, dict(c.mesh.shape), cfg.sharding.strategy, *_plan(compiled), time.time() - t0))
+      shapes = first_step._on(t, c.shardings), first_step._on(batch, c.batch_sharding)
+      compiled = make_train_step(c, cfg.microbatches, with_grads=True).lower(*shapes).compile()
+    mine = mine or first_step._fingerprint(compiled)
+    distinct = "configured" if sizes is None else str(first_step._fingerprint(compiled) != mine).lower()
+    plan = (*_plan(compiled), time.time() - t0)
+    name = f"{label} ({distinct})" if sizes else label
+    rows.append((name, dict(c.mesh.shape), cfg.sharding.strategy, *plan))
   step_flops = rows[0][4]
   print(
     f"{args.config} on {args.cpu_devices} logical CPU devices (per device; fits: <= {args.device_gib:g} GiB)"
   )
-  head = f"{'program':<12} {'mesh':<36} {'strategy':<8} {'GiB':>8} {'TFLOPs':>8} {'x step':>7}"
+  head = f"{'program':<18} {'mesh':<36} {'strategy':<8} {'GiB':>8} {'TFLOPs':>8} {'x step':>7}"
   print(f"{head} {'compile_s':>9}  fits")
   for label, mesh, strategy, gib, flops, seconds in rows:
     fits = "yes" if gib <= args.device_gib else "no"
     ratio = flops / step_flops if step_flops else float("nan")
-    row = f"{label:<12} {str(mesh):<36} {strategy:<8} {gib:>8.2f} {flops / 1e12:>8.2f} {ratio:>7.2f}"
+    row = f"{label:<18} {str(mesh):<36} {strategy:<8} {gib:>8.2f} {flops / 1e12:>8.2f} {ratio:>7.2f}"
     print(f"{row} {seconds:>9.1f}  {fits}")
 
 

@@ -187,7 +187,8 @@ def _step_twice(gpu: bool) -> tuple[int, int, str]:
     for _ in range(2):
       new, metrics = step(jax.tree.map(jnp.copy, state), batch)  # The step donates its state.
       runs.append([("loss", metrics["loss"]), *replicas.named_leaves(new)])
-  differ = [n for (n, x), (_, y) in zip(*runs, strict=True) if not np.array_equal(np.asarray(x), np.asarray(y))]
+  same = lambda x, y: np.array_equal(np.asarray(x), np.asarray(y))
+  differ = [n for (n, x), (_, y) in zip(*runs, strict=True) if not same(x, y)]
   return len(differ), len(runs[0]), (differ or [""])[0]
 
 
@@ -196,8 +197,6 @@ def check_recompute(gpu: bool) -> None:
   has nothing to rotate, but the bits must first be equal on the same device. The trainer's default
   is deterministic kernels (trainer/cluster/runtime.py); a child without them says what they cost."""
   import subprocess
-
-  from trainer.cluster import runtime
 
   differ, leaves, first = _step_twice(gpu)
   figure = f"lm_125m's step twice on one device: {differ} of {leaves} leaves differ"

@@ -52,6 +52,7 @@ def tiny_config(**overrides):
   c.model.num_layers = 1
   c.model.mlp_dim = 64
   c.optimizer.warmup_steps = 2
+  c.checks.first_step = False  # On by default; the suite pays for it only where a test tests it.
   for key, value in overrides.items():
     node = c
     *path, leaf = key.split(".")
@@ -78,6 +79,7 @@ TINY_FLAGS = [
   "--config.model.num_layers=1",
   "--config.model.mlp_dim=64",
   "--config.optimizer.warmup_steps=2",
+  "--config.checks.first_step=false",
   "--config.mesh.data=2",
   "--config.mesh.fsdp=2",
   "--config.mesh.tensor=2",

@@ -9,10 +9,11 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from configs import smoke_cpu
 from tests import xla_repro_fork
 from tests.conftest import tiny_config
 from trainer.cluster import failures
-from trainer.cluster.first_step import Miscompiled
+from trainer.cluster.first_step import Miscompiled, NonFiniteFirstStep
 from trainer.modes.verify import verify
 from trainer.train import train
 
@@ -20,12 +21,13 @@ xla_repro_fork.install()
 
 
 def _fork_config():
+  """tiny_config's sizes, with checks.first_step as a fork's config has it: the default."""
   c = tiny_config()
   c.unlock()
   c.experiment = "xla_repro"
   c.lock()
   c.sharding.strategy = "fsdp_tp"  # w1 (., tensor), w2 (fsdp, tensor), the batch over (data, fsdp).
-  c.checks.first_step = True
+  c.checks.first_step = smoke_cpu.get_config().checks.first_step
   return c
 
 
@@ -52,7 +54,7 @@ def test_verify_fails_on_the_miscompiled_fork(tmp_path):
 
 
 def test_training_the_miscompiled_fork_refuses_to_start_with_its_own_exit_code(tmp_path):
-  with pytest.raises(Miscompiled, match=r"first step's gradients on mesh .* differ .* for w1 \(") as e:
+  with pytest.raises(Miscompiled, match=r"first step on mesh .* differs .* w1 \(gradients\)") as e:
     train(_fork_config(), str(tmp_path))
   line, code = failures.error_line(e.value, str(tmp_path))
   assert code == failures.MISCOMPILED_EXIT == 6 and "another mesh or sharding.rules" in line
@@ -62,13 +64,66 @@ def test_training_the_miscompiled_fork_refuses_to_start_with_its_own_exit_code(t
 def test_the_check_passes_where_xla_is_right_and_runs_again_after_a_restore_onto_another_mesh(
   tmp_path, capsys
 ):
-  agree = "checks.first_step: the first gradients agree"
+  agree = "checks.first_step: the first step's gradients and updates agree"
   train(tiny_config(steps=2, **{"checks.first_step": True}), str(tmp_path))
   assert agree in capsys.readouterr().out
   same = tiny_config(steps=4, **{"checks.first_step": True})
   train(same, str(tmp_path), stop_after=3)  # The same mesh: not checked again.
   assert agree not in capsys.readouterr().out
-  other = tiny_config(steps=4, **{"checks.first_step": True})
+  other = tiny_config(steps=5, **{"checks.first_step": True})
   other.mesh.data, other.mesh.fsdp, other.mesh.tensor = 1, 8, 1
-  train(other, str(tmp_path))
+  train(other, str(tmp_path), stop_after=4)
   assert agree in capsys.readouterr().out
+  # Microbatches change the compiled step as a mesh does: checked again, with its scan.
+  train(
+    tiny_config(
+      steps=5, microbatches=2, **{"checks.first_step": True, "mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1}
+    ),
+    str(tmp_path),
+  )
+  assert agree in capsys.readouterr().out
+
+
+def test_another_layout_is_another_program_and_an_invalid_one_is_skipped(tmp_path, capsys):
+  """The candidate dp over (8, 1, 1) compiles to the configured program: the check takes the next
+  layout (it compares programs, not labels). A candidate the config cannot run (global_batch_size=12
+  over 8 data-parallel devices) is skipped, not an error about a mesh the user never asked for."""
+  train(
+    tiny_config(
+      steps=1,
+      **{
+        "checks.first_step": True,
+        "mesh.data": 8,
+        "mesh.fsdp": 1,
+        "mesh.tensor": 1,
+        "sharding.strategy": "dp",
+      },
+    ),
+    str(tmp_path / "a"),
+  )
+  out = capsys.readouterr().out
+  assert "agree with mesh {'data': 1, 'fsdp': 8, 'tensor': 1} (strategy fsdp)" in out, out
+  train(tiny_config(steps=1, global_batch_size=12, **{"checks.first_step": True}), str(tmp_path / "b"))
+  out = capsys.readouterr().out
+  assert "agree with mesh {'data': 1, 'fsdp': 4, 'tensor': 2} (strategy fsdp_tp)" in out, out
+
+
+def test_without_another_program_the_start_says_the_check_could_not_run(tmp_path, capsys):
+  c = tiny_config(steps=1, **{"checks.first_step": True, "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1})
+  train(c, str(tmp_path), devices=jax.devices()[:1])
+  out = capsys.readouterr().out
+  assert "checks.first_step could not run" in out and "compiles to the same program" in out, out
+  assert "agree" not in out
+
+
+def test_a_non_finite_first_step_has_its_own_line_and_exit_code(tmp_path, monkeypatch):
+  from experiments import lm
+
+  loss_sums = lm.loss_sums
+  monkeypatch.setattr(
+    lm, "loss_sums", lambda *a, **k: (loss_sums(*a, **k)[0] * jnp.nan, *loss_sums(*a, **k)[1:])
+  )
+  with pytest.raises(NonFiniteFirstStep, match="not finite") as e:
+    train(tiny_config(steps=2, **{"checks.first_step": True}), str(tmp_path))
+  line, code = failures.error_line(e.value, str(tmp_path))
+  assert code == failures.NONFINITE_FIRST_STEP_EXIT == 7 and "not a partitioning question" in line

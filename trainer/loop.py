@@ -108,8 +108,10 @@ class Loop:
         raise empty_batch_error(t)
       t1 = time.time()
       copied = self.checks.copy_if_due(self.step + 1, self.state, batch)  # Before the step donates the state.
+      # The run's first step is checks.first_step's when it is on (trainer/cluster/first_step.py).
+      step_fn, run.first_train_step = run.first_train_step or run.train_step, None
       with self.profile.annotation(self.step + 1):
-        self.state, metrics = run.train_step(self.state, batch)
+        self.state, metrics = step_fn(self.state, batch)
       self.step += 1
       self.window.add_step(
         self.step,

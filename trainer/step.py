@@ -91,7 +91,7 @@ def _split_microbatches(batch, m: int):
 
 def make_train_step(comp, microbatches: int, with_grads: bool = False):
   """jit(train_step) on comp's shardings; the state is donated. `with_grads` also returns the
-  divided gradients (for --mode=verify).
+  divided, unclipped gradients and the params' update (for --mode=verify and checks.first_step).
 
   The variables (BatchNorm's running statistics, say) go through the microbatches in order: each
   microbatch's forward pass starts from what the one before it left, as consecutive steps would."""
@@ -140,6 +140,7 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
     }
     if with_grads:
       metrics["grads"] = grads
+      metrics["updates"] = jax.tree.map(jnp.subtract, params, state.params)
     new_state = state.replace(
       step=state.step + 1, params=params, variables=variables, opt_state=opt_state, ema=ema
     )

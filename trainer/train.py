@@ -42,6 +42,8 @@ class Run:
   log: MetricsLog | None = None
   local_batches: object = None
   train_step: object = None
+  first_train_step: object = None  # checks.first_step's: the loop's first step, when it is checked.
+  batch_spec: object = None  # The global batch's shapes, as compiled.
   eval_step: object = None
   devices: list = dataclasses.field(default_factory=list)
   device_label: str = ""
@@ -106,11 +108,11 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     with clock.phase("compile", first) as phase:
       from_cache = _compile(run, start)
     run.startup["compile"] = phase.seconds
-    if config.checks.first_step and first < run.last_step and (first == 0 or start.moved):
-      with clock.phase("compile", first) as phase:  # Two more compiles, and a gradient of each.
-        batch = run.local_batches(first + start.batch_offset)
-        b = config.global_batch_size
-        first_step.check(comp, config, start.state, pipeline.to_global(batch, comp.batch_sharding, b))
+    if config.checks.first_step and first < run.last_step and (first == 0 or start.layout_changed):
+      with clock.phase("compile", first) as phase:  # The first step's two programs (the loop runs them).
+        run.first_train_step = first_step.FirstStepCheck(
+          comp, config, make_train_step, run.target, run.batch_spec
+        )
       run.startup["first_step_check"] = phase.seconds
     run.devices = list(comp.mesh.devices.flat)
     run.device_label = device_label(run.devices)
@@ -190,6 +192,7 @@ def _compile(run: Run, start: restore.Start) -> bool:
   if first < run.last_step:
     b = run.config.global_batch_size
     spec = pipeline.global_spec(run.local_batches(first + start.batch_offset), comp.batch_sharding, b)
+    run.batch_spec = spec
     with jax.set_mesh(comp.mesh):
       run.train_step = run.train_step.lower(start.state, spec).compile()
   return runtime.compilation_cache_hits() > hits

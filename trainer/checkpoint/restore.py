@@ -13,7 +13,8 @@ class Start(NamedTuple):
   state: object
   batch_offset: int  # Batches skipped by NaN rollbacks: global batch t trains step t - offset + 1.
   rollbacks: int  # NaN rollbacks so far, restarts included.
-  moved: bool = False  # Restored onto another mesh than it was saved from (asked with checks.first_step).
+  # Restored under another layout than it was saved with (store.layout; asked with checks.first_step).
+  layout_changed: bool = False
 
 
 def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resuming: bool) -> Start:
@@ -23,18 +24,17 @@ def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resumin
   restored = ckpt.restore_latest(target, check_memory=resuming)
   if restored is None:
     return Start(init(), 0, 0)
-  moved = False
+  changed = False
   if resuming:
     saved, now = ckpt.saved_config(restored.step), json.loads(config.to_json())
-    if config.checks.first_step:  # Only the first-step check asks whether the mesh changed.
-      meta = ckpt.saved_meta(restored.step)
-      moved = (meta.get("mesh"), meta.get("device_count")) != (dict(comp.mesh.shape), comp.mesh.size)
+    if config.checks.first_step:  # Only the first-step check asks whether the layout changed.
+      changed = ckpt.saved_meta(restored.step).get("layout") != store.layout(comp, config)
     declared = assemble.declared(config.experiment)
     for line in resume.check(saved, now, restored.step, config.checkpoint.allow_changed_keys, declared):
       console(line)
   position = restored.data
   store.check_data_position(position, restored.step, comp, config.data.allow_changed_data)
-  return Start(restored.state, position["batch_offset"], position.get("rollbacks", 0), moved)
+  return Start(restored.state, position["batch_offset"], position.get("rollbacks", 0), changed)
 
 
 class RolledBack(NamedTuple):

@@ -103,6 +103,23 @@ def check_data_position(saved: dict, step: int, comp, allow_changed_data: bool) 
     )
 
 
+def layout(comp, config) -> dict:
+  """What decides how the train step is partitioned and compiled: checks.first_step runs again when a
+  restored checkpoint's differs (trainer/cluster/first_step.py)."""
+  import jaxlib
+
+  return {
+    "mesh": dict(comp.mesh.shape),
+    "device_count": comp.mesh.size,
+    "strategy": config.sharding.strategy,
+    "rules": [[str(x) for x in rule] for rule in comp.rules],
+    "microbatches": config.microbatches,
+    "jax": jax.__version__,
+    "jaxlib": jaxlib.__version__,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
+
+
 def run_metadata(comp, config) -> dict:
   """What produced a checkpoint: for a reader deciding whether and how to restore it."""
   try:
@@ -122,6 +139,7 @@ def run_metadata(comp, config) -> dict:
     "process_count": jax.process_count(),
     "versions": versions,
     "git_revision": revision or None,
+    "layout": layout(comp, config),
   }
 
 

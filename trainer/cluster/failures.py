@@ -17,7 +17,7 @@ from trainer import rundir
 
 # Exit codes (launch/restart_policy.py): a restart helps after a transient fault; after running out of
 # memory only once something changed (fewer per-device bytes, more devices), so launchers do not loop.
-USER_EXIT, TRANSIENT_EXIT, RESOURCES_EXIT, MISCOMPILED_EXIT = 2, 3, 5, 6
+USER_EXIT, TRANSIENT_EXIT, RESOURCES_EXIT, MISCOMPILED_EXIT, NONFINITE_FIRST_STEP_EXIT = 2, 3, 5, 6, 7
 _ENVIRONMENT_ERRNOS = {
   errno.EIO,
   errno.EACCES,

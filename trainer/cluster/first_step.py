@@ -1,14 +1,26 @@
-"""checks.first_step: XLA's SPMD partitioner checked on the real devices, before a run's first step and
-after a restore onto another mesh.
+"""checks.first_step: XLA's SPMD partitioning of the real train step checked on the real devices, at a
+run's first step and whenever its layout changes (mesh, strategy, rules, microbatches, jax or jaxlib,
+XLA_FLAGS).
 
-The first batch's gradients are computed twice from the same state, on the same devices: with the
-configured partitioning, and with another that fits (data-parallel over every device, else pure
-FSDP; whichever differs from the configured one and whose compiled memory estimate fits). Both are the
-gradient of one objective, so they agree to verify's tolerances unless XLA partitioned one of them
-wrongly (a missing all-reduce, say: tests/xla_repro_fork.py). A disagreement ends the run with one
-line naming the parameters and exit 6 (trainer/cluster/failures.py): deterministic, so a restart
-would fail the same way; another mesh or sharding.rules avoids it.
+The run's first step is the train step the loop compiles (microbatches, optimizer update, donation),
+compiled with two more outputs: the divided, unclipped gradients and the params' update. The same
+step, from a copy of the same state and batch, runs once more under another layout of the same
+devices: the first candidate (data-parallel over every device, pure FSDP, FSDP over half with data or
+tensor over two) that is valid for this config, compiles to a different program (another HLO
+fingerprint: labels that differ but partition alike check nothing) and fits the devices' free memory.
+Both are one objective, so the gradients and updates of every parameter group agree to verify's
+tolerances unless XLA partitioned one of them wrongly (a missing all-reduce, say:
+tests/xla_repro_fork.py). Comparing gradients matters: AdamW's first update is about lr * sign(g) and
+clipping rescales, so a uniformly scaled gradient would leave the params equal.
+
+A disagreement ends the run with one line naming the groups and exit 6 (never restarted: the same
+program fails the same way; another mesh or sharding.rules avoids it). A first step that is not
+finite under either layout is no question of partitioning: its own line and exit 7. Where no other
+layout is valid, distinct and fits, the start-up line says the check could not run and why.
 """
+
+import dataclasses
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -21,24 +33,22 @@ from trainer.agreement import TOLERANCES, group
 from trainer.cluster import failures, multihost
 from trainer.mesh import replicated
 from trainer.observe.metrics import console
-from trainer.step import example_keys, sums_and_grads
 
 
 class Miscompiled(UserError):
   exit_code = failures.MISCOMPILED_EXIT
 
 
+class NonFiniteFirstStep(UserError):
+  exit_code = failures.NONFINITE_FIRST_STEP_EXIT
+
+
 def candidates(config, devices) -> list:
   """Other partitionings of the same devices, most replicated first: (mesh sizes, strategy). Models
   that fit only sharded get pure FSDP, or FSDP over half the devices with data or tensor over two."""
   n = len(devices)
-  here = (dict(mesh_lib.make_mesh(config.mesh, devices).shape), config.sharding.strategy)
   halves = [((2, n // 2, 1), "fsdp"), ((1, n // 2, 2), "fsdp_tp")] if n % 2 == 0 and n > 2 else []
-  out = []
-  for sizes, strategy in [((n, 1, 1), "dp"), ((1, n, 1), "fsdp"), *halves]:
-    if (dict(zip(mesh_lib.AXES, sizes, strict=True)), strategy) != here:
-      out.append((sizes, strategy))
-  return out
+  return [((n, 1, 1), "dp"), ((1, n, 1), "fsdp"), *halves]
 
 
 def other_config(config, sizes, strategy):
@@ -49,21 +59,6 @@ def other_config(config, sizes, strategy):
   other.sharding.strategy = strategy
   other.sharding.rules = ()  # The preset's: the configured rules are what is being checked.
   return other
-
-
-def grads_program(comp):
-  """jit(params, variables, batch, rng) -> divided gradients, on comp's shardings (no update)."""
-
-  def grads(params, variables, batch, base_rng):
-    rng = example_keys(base_rng, 0, jax.tree.leaves(batch)[0].shape[0])
-    _, count, _, grad_sums, _ = sums_and_grads(
-      comp.loss_sums, comp.mdef, params, variables, batch, rng, comp.rules
-    )
-    return jax.tree.map(lambda g: g / count, grad_sums)
-
-  sh = comp.shardings
-  in_shardings = (sh.params, sh.variables, comp.batch_sharding, sh.rng)
-  return jax.jit(grads, in_shardings=in_shardings, out_shardings=sh.params)
 
 
 def _fits(compiled) -> bool:
@@ -77,32 +72,148 @@ def _fits(compiled) -> bool:
   return needed - memory.alias_size_in_bytes <= stats["bytes_limit"] - stats.get("bytes_in_use", 0)
 
 
-def check(comp, config, state, batch) -> None:
-  """Raises Miscompiled when the configured partitioning's first gradients differ from another's."""
-  devices = list(comp.mesh.devices.flat)
-  args = (state.params, state.variables, batch, state.rng)
-  with jax.set_mesh(comp.mesh):
-    mine = grads_program(comp)(*args)
-  for sizes, strategy in candidates(config, devices):
-    other = components.build(other_config(config, sizes, strategy), devices, with_data=False)
-    sh = other.shardings
-    shardings = (sh.params, sh.variables, other.batch_sharding, sh.rng)
-    shaped = lambda s, x: jax.tree.map(lambda y: jax.ShapeDtypeStruct(y.shape, y.dtype, sharding=s), x)
-    shapes = jax.tree.map(shaped, shardings, args)  # One sharding for every array of the batch.
-    with jax.set_mesh(other.mesh):
-      compiled = grads_program(other).lower(*shapes).compile()  # Nothing is moved before it fits.
-      # Every process takes the same partitioning, or the collectives would not match.
-      if not multihost.all_agree(f"first_step_fits_{strategy}_{sizes}", _fits(compiled), timeout_s=600):
+_DEBUG_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def _without_attribute(line: str, name: str) -> str:
+  """`line` without `, NAME={...}` (braces nest)."""
+  while (start := line.find(f", {name}={{")) >= 0:
+    depth, brace = 0, start + len(name) + 3
+    for end in range(brace, len(line)):  # noqa: B007 - `end` is the closing brace's index.
+      depth += {"{": 1, "}": -1}.get(line[end], 0)
+      if depth == 0:
+        break
+    line = line[:start] + line[end + 1 :]
+  return line
+
+
+def _fingerprint(compiled) -> str:
+  """The partitioned program's instructions without debug information or the sharding annotations
+  left on them (their per-device shapes and collectives are the partitioning): the same program
+  traced from two lines of Python, or two configs that partition alike, fingerprint the same."""
+  kept, in_table = [], False
+  for line in compiled.as_text().splitlines():
+    if line in _DEBUG_TABLES or (in_table and line[:1].isdigit()):
+      in_table = True  # A table's rows are numbered.
+      continue
+    in_table = False
+    kept.append(_without_attribute(_without_attribute(line, "metadata"), "sharding"))
+  return hashlib.sha256("\n".join(kept).encode()).hexdigest()
+
+
+@dataclasses.dataclass
+class Other:
+  comp: components.Components
+  step: object  # Compiled.
+  label: str
+
+
+def _on(tree, shardings):
+  """The shapes of `tree` placed by `shardings` (a tree like it, or one sharding for every leaf)."""
+  if not isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree.map(lambda s, x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shardings, tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree)
+
+
+class FirstStepCheck:
+  """Compiled at start-up (make_train_step's program with gradients and updates, under both layouts);
+  called as the loop's first step: (state, batch) -> (new state, metrics), the configured layout's."""
+
+  def __init__(self, comp, config, make_train_step, state_shapes, batch_shapes):
+    self.comp, self.config = comp, config
+    devices = list(comp.mesh.devices.flat)
+    m = config.microbatches
+    with jax.set_mesh(comp.mesh):
+      self.mine = make_train_step(comp, m, with_grads=True).lower(state_shapes, batch_shapes).compile()
+    mine_print = _fingerprint(self.mine)
+    self.other, skipped = None, []
+    for sizes, strategy in candidates(config, devices):
+      label = f"mesh {dict(zip(mesh_lib.AXES, sizes, strict=True))} (strategy {strategy})"
+      try:
+        other = components.build(other_config(config, sizes, strategy), devices, with_data=False)
+      except UserError as e:  # A mesh the user never asked for: its mistakes are not theirs.
+        skipped.append(f"{label}: {e}")
         continue
-      theirs = compiled(*jax.device_put(args, shardings))
-    ratios = _ratios(comp, mine, jax.device_put(theirs, comp.shardings.params))
-    _judge(ratios, config, (dict(comp.mesh.shape), dict(other.mesh.shape)), strategy)
-    return
-  console("warning: checks.first_step: no other partitioning of these devices fits; not checked")
+      shapes = _on(state_shapes, other.shardings), _on(batch_shapes, other.batch_sharding)
+      with jax.set_mesh(other.mesh):  # Nothing is moved before it fits.
+        compiled = make_train_step(other, m, with_grads=True).lower(*shapes).compile()
+      if _fingerprint(compiled) == mine_print:
+        skipped.append(f"{label}: compiles to the same program")
+        continue
+      # Every process takes the same layout, or the collectives would not match.
+      if not multihost.all_agree(f"first_step_fits_{strategy}_{sizes}", _fits(compiled), timeout_s=600):
+        skipped.append(f"{label}: does not fit the devices' free memory")
+        continue
+      self.other = Other(other, compiled, label)
+      break
+    self.why_not = "; ".join(skipped)
+    if self.other is None:
+      console(
+        "warning: checks.first_step could not run: no other layout of these devices is valid, compiles "
+        f"to another program and fits ({self.why_not})"
+      )
+
+  def __call__(self, state, batch):
+    """The run's real first step under the configured layout, checked against the other. Inside the
+    loop's transfer guard: resharding the copies and reading the verdict's scalars may pass the host."""
+    with jax.transfer_guard_device_to_host("allow"):
+      return self._checked_step(state, batch)
+
+  def _checked_step(self, state, batch):
+    other = self.other
+    if other is None:
+      state, metrics = self.mine(state, batch)
+      return state, _without_check_outputs(metrics)
+    # Copies even where a sharding is the same: the configured step donates the originals.
+    copies = jax.device_put(
+      (state, batch), (other.comp.shardings, other.comp.batch_sharding), may_alias=False
+    )
+    with jax.set_mesh(self.comp.mesh):
+      state, metrics = self.mine(state, batch)  # Donates the configured state: the real first step.
+    with jax.set_mesh(other.comp.mesh):
+      _, theirs = other.step(*copies)
+    self._judge(metrics, theirs)
+    return state, _without_check_outputs(metrics)
+
+  def _judge(self, mine, theirs) -> None:
+    finite = {"configured": bool(mine["finite"]), "other": bool(theirs["finite"])}
+    if not all(finite.values()):
+      where = " and ".join(k for k, ok in finite.items() if not ok)
+      raise NonFiniteFirstStep(
+        f"checks.first_step: the first step's loss or gradients are not finite (NaN/Inf) under the "
+        f"{where} layout ({self.other.label} was the other): not a partitioning question; check the "
+        "data, the initialization and the learning rate (restarting fails the same way)"
+      )
+    to_mine = lambda tree: jax.device_put(tree, self.comp.shardings.params)
+    ratios = {
+      "gradients": _ratios(self.comp, mine["grads"], to_mine(theirs["grads"])),
+      "updates": _ratios(self.comp, mine["updates"], to_mine(theirs["updates"])),
+    }
+    _, tolerance = TOLERANCES.get(self.config.model.compute_dtype, TOLERANCES["bfloat16"])
+    bad = [(f"{g} ({what})", r) for what, rs in ratios.items() for g, r in rs.items() if not r <= tolerance]
+    here = dict(self.comp.mesh.shape)
+    if bad:
+      bad.sort(key=lambda x: -x[1] if np.isfinite(x[1]) else -np.inf)
+      worst = ", ".join(f"{g} {r:.1e}" for g, r in bad[:4]) + (" ..." if len(bad) > 4 else "")
+      raise Miscompiled(
+        f"checks.first_step: the first step on mesh {here} (strategy {self.config.sharding.strategy}) "
+        f"differs from the same step on {self.other.label} for {worst}, beyond verify's {tolerance:g}: "
+        "XLA partitioned the step wrongly; use another mesh or sharding.rules (restarting fails the "
+        "same way)"
+      )
+    worst = max((r for rs in ratios.values() for r in rs.values()), default=0.0)
+    console(
+      f"checks.first_step: the first step's gradients and updates agree with {self.other.label}: "
+      f"worst {worst:.1e} of {tolerance:g}"
+    )
+
+
+def _without_check_outputs(metrics: dict) -> dict:
+  return {k: v for k, v in metrics.items() if k not in ("grads", "updates")}
 
 
 def _ratios(comp, mine, theirs) -> dict[str, float]:
-  """Per parameter group, |g_configured - g_other| / |g_other|: the squared sums are taken on the
+  """Per parameter group, |a_configured - a_other| / |a_other|: the squared sums are taken on the
   devices, so only two scalars per leaf reach the host (a model's gradients may not fit there)."""
   squares = lambda a, b: jnp.stack(
     [jnp.sum(jnp.square(a - b), dtype=jnp.float32), jnp.sum(jnp.square(b), dtype=jnp.float32)]
@@ -115,21 +226,3 @@ def _ratios(comp, mine, theirs) -> dict[str, float]:
   for path, pair in jax.tree_util.tree_flatten_with_path(sums)[0]:  # Replicated: every process has them.
     totals[group(path)] = totals.get(group(path), 0.0) + np.asarray(pair.addressable_data(0), np.float64)
   return {g: float(np.sqrt(d) / max(np.sqrt(n), 1e-30)) for g, (d, n) in totals.items()}
-
-
-def _judge(ratios: dict, config, meshes: tuple[dict, dict], strategy: str) -> None:
-  """A Miscompiled naming the groups beyond verify's norm-ratio tolerance, else one line."""
-  _, tolerance = TOLERANCES.get(config.model.compute_dtype, TOLERANCES["bfloat16"])
-  bad = sorted((g for g, r in ratios.items() if not r <= tolerance), key=lambda g: -ratios[g])
-  here, mesh = meshes
-  if bad:
-    worst = ", ".join(f"{g} ({ratios[g]:.1e})" for g in bad[:4]) + (" ..." if len(bad) > 4 else "")
-    raise Miscompiled(
-      f"checks.first_step: the first step's gradients on mesh {here} differ from those on mesh {mesh} "
-      f"(strategy {strategy}) for {worst}, beyond verify's {tolerance:g}: XLA partitioned the step "
-      "wrongly; use another mesh or sharding.rules (restarting fails the same way)"
-    )
-  console(
-    f"checks.first_step: the first gradients agree with mesh {mesh} (strategy {strategy}): worst "
-    f"{max(ratios.values(), default=0.0):.1e} of {tolerance:g}"
-  )

@@ -206,14 +206,14 @@ KEYS = {
     "(pure FSDP). Costs one more step and a copy of the state on the checked steps. 0: never.",
   ),
   "checks.first_step": Key(
-    False,
+    True,
     boolean,
     keys.FREE,
-    "Before a run's first step, and after a restore onto another mesh, compute the first batch's "
-    "gradients on the real devices with the configured partitioning and with another that fits "
-    "(data-parallel, else pure FSDP, else FSDP over half the devices), and stop with exit 6 if they "
-    "disagree: XLA partitioned the step wrongly (trainer/cluster/first_step.py). Costs a compile and a "
-    "gradient of each.",
+    "At a run's first step, and after a restore under another layout (mesh, strategy, rules, "
+    "microbatches, jax, XLA_FLAGS), run the real train step once more from the same state and batch "
+    "under another layout of the same devices that compiles to another program and fits, and stop with "
+    "exit 6 if their gradients or updates disagree: XLA partitioned the step wrongly "
+    "(trainer/cluster/first_step.py). Costs two compiles, a copy of the state and one more step.",
   ),
   # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in
   # WORKDIR/profile/process_I (TensorBoard's profile plugin, or Perfetto), read back into each
