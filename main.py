@@ -82,7 +82,7 @@ def _parse_flags(argv):
     _fail(str(e))
   except flags.Error as e:
     _fail(_one_line(str(e)) or repr(e))
-  except (AttributeError, KeyError) as e:  # A config (file or override) naming a key base.py lacks.
+  except (AttributeError, KeyError) as e:  # A config (file or override) naming a key declared nowhere.
     _fail(_unknown_key(str(e)))
   except Exception as e:  # A config file that fails to load.
     _fail(_one_line(f"{type(e).__name__}: {e}"))
@@ -95,8 +95,8 @@ def _unknown_key(msg: str) -> str:
   name = key.group(1) if key else "?"
   suggestion = f"; did you mean {hint.group(1)!r}?" if hint else ""
   return (
-    f"unknown config key {name!r}{suggestion} (keys are defined in configs/base.py and the "
-    f"experiment's default_config())"
+    f"unknown config key {name!r}{suggestion} (keys are declared in trainer/config/trainer_keys.py "
+    "and the experiment's experiments/NAME_keys.py)"
   )
 
 

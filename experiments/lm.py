@@ -126,17 +126,20 @@ def export_hf(run, out: str, weights: dict) -> list[str]:
 
   config, special, written = run.config, {}, []
   hf_llama.check_exportable(config.model)  # Before anything is written.
-  d = config.data
+  d, metadata = config.data, None
   if d.source in ("arrayrecord", "mixture"):  # A mixture's data sets share one tokenizer.
-    from data import arrayrecord, mixture, tokenizers
+    from data import arrayrecord, mixture
 
     path = d.path if d.source == "arrayrecord" else mixture.parse(d.mixture)[0][0]
     metadata = arrayrecord.load_metadata(path)
     special = {"eos_token_id": metadata["eos_id"], "pad_token_id": metadata["pad_id"]}
-    os.makedirs(out, exist_ok=True)
-    if tokenizers.write_hf_tokenizer(metadata, path, out):
-      written.append(f"its {metadata['tokenizer']} tokenizer")
-  files = hf_export.write(out, config.model, weights, special)
+  with hf_export.replacing(out) as staged:  # An earlier export in `out` is replaced whole.
+    if metadata is not None:
+      from data import tokenizers
+
+      if tokenizers.write_hf_tokenizer(metadata, path, staged):
+        written.append(f"its {metadata['tokenizer']} tokenizer")
+    files = hf_export.write(staged, config.model, weights, special)
   return [f"{files} safetensors file{'s' * (files > 1)}", "config.json", "generation_config.json", *written]
 
 

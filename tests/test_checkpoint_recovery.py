@@ -280,3 +280,34 @@ def test_checksums_are_written_in_shares_and_prove_only_when_every_share_landed(
   assert "state/f4 changed" in proof.verify(str(tmp_path))
   os.remove(tmp_path / "checksums-1-of-3.json")
   assert proof.verify(str(tmp_path)) is False
+
+
+def test_checksum_shares_are_balanced_by_bytes_and_hold_every_file_once(tmp_path):
+  """Files of very unequal sizes, as Orbax writes them: together the n shares are every file exactly
+  once, and no process has more than the largest file above another. On disk, 4 large files and 4
+  small ones by turns, which every n-th file by name split 16,000 : 400 bytes, are 8,200 : 8,200; and a
+  changed file is checked by exactly one of the readers."""
+  from trainer.checkpoint import proof
+
+  sizes = {f"state/f{i:02d}": int(s) + 1 for i, s in enumerate(np.random.default_rng(0).lognormal(8, 2, 60))}
+  for n in (1, 2, 3, 8, 61):
+    shares = [proof.share(sizes, i, n) for i in range(n)]
+    assert sorted(sum(shares, [])) == sorted(sizes)
+    loads = [sum(sizes[f] for f in share) for share in shares]
+    assert max(loads) - min(loads) <= max(sizes.values()), (n, loads)
+
+  (tmp_path / "state").mkdir()
+  for i in range(8):
+    (tmp_path / "state" / f"f{i}").write_bytes(bytes([i]) * (4000 if i % 2 == 0 else 100))
+  for i in range(2):
+    proof.write(str(tmp_path), (i, 2))
+  loads = []
+  for i in range(2):
+    with open(tmp_path / f"checksums-{i}-of-2.json") as f:
+      loads.append(sum(size for size, _ in json.load(f)["files"].values()))
+  assert loads == [8200, 8200]
+  (tmp_path / "state" / "f2").write_bytes(bytes([9]) * 4000)
+  assert sorted(str(proof.verify(str(tmp_path), (i, 2))) for i in range(2)) == [
+    "True",
+    "state/f2 changed (sha256 differs)",
+  ]

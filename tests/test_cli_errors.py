@@ -24,6 +24,10 @@ def _assert_one_error_line(result, *fragments):
   [
     (["--config.stpes=10"], ["unknown config key 'stpes'", "did you mean 'steps'"]),
     (["--config.mesh.dta=2"], ["unknown config key 'dta'"]),
+    (
+      ["--config.nosuchkey=1"],
+      ["unknown config key 'nosuchkey'", "trainer/config/trainer_keys.py", "experiments/NAME_keys.py"],
+    ),
     (["--config.mesh.data=3"], ["mesh", "8 devices"]),
     (["--config.global_batch_size=30"], ["global_batch_size=30", "data-parallel size 4"]),
     (["--config.experiment=nope"], ["experiments/nope.py"]),

@@ -1,6 +1,7 @@
 """A checkpoint saved on 8 devices opens on one with one call, and exports to safetensors exactly."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from errors import UserError
+from model import hf_llama
 from tests.conftest import tiny_config
 from trainer import components
 from trainer import state as state_lib
@@ -64,3 +66,38 @@ def test_load_and_export_give_the_checkpoints_params_exactly(tmp_path, capsys):
     UserError, match=r"params are not this model's: layers/mlp/down \[2, 64, 32\] -> \[2, 48, 32\]"
   ):
     components.init_state(components.build(other), other)
+
+
+def test_a_re_export_replaces_the_earlier_one_whole(tmp_path, capsys):
+  """--format=hf into a directory holding an earlier sharded export: afterwards it holds exactly the
+  new export's files (a stale index beside model.safetensors would make our reader and transformers
+  load different weights), and nothing is left beside it. A directory with a file an export does not
+  write is refused with one error line and left as it was."""
+  workdir = str(tmp_path / "run")
+  train(tiny_config(steps=2), workdir)
+  out = tmp_path / "hf"
+  out.mkdir()
+  for stale in ("config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors"):
+    (out / stale).write_text("an earlier export")
+  main([f"--workdir={workdir}", "--format=hf", f"--out={out}"])
+  assert "1 safetensors file" in capsys.readouterr().out
+  assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
+  assert sorted(os.listdir(tmp_path)) == ["hf", "run"]  # No staged or old directory left behind.
+  assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
+  assert sorted(load_file(str(out / "model.safetensors"))) == sorted(
+    hf_llama.hf_tensors(load(workdir).params)
+  )
+
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "notes.txt").write_text("not an export")
+  (mine / "model.safetensors").write_text("kept")
+  with pytest.raises(SystemExit) as exit_info:
+    main([f"--workdir={workdir}", "--format=hf", f"--out={mine}"])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err == (
+    f"error: --out={mine} holds 'notes.txt', which an export does not write; give a new or empty "
+    "directory (an earlier export there is replaced whole)\n"
+  )
+  assert sorted(os.listdir(mine)) == ["model.safetensors", "notes.txt"]
+  assert sorted(os.listdir(tmp_path)) == ["hf", "mine", "run"]

@@ -1,6 +1,7 @@
 """`make`'s set-up finds a Python 3.12+ (launch/find_python.sh) and remakes a .venv of an older one."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,3 +118,30 @@ def test_make_train_installs_only_trainings_dependencies_and_make_test_adds_the_
     pyproject = f.read()
   dependencies = pyproject.split("dependencies = [")[1].split("]")[0]
   assert "torch" not in dependencies and "transformers" not in dependencies
+
+
+@pytest.mark.parametrize("uid", ["1000", "0"])
+def test_ci_run_warns_loudly_when_not_root_and_runs_the_tests_anyway(tmp_path, uid):
+  """.ci/run as a non-root user names the tests that will skip on stderr, then runs `make test`;
+  as root it says nothing. `id` and `make` are stand-ins on the PATH."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  _exe(bin_dir / "id", f"echo {uid}")
+  _exe(bin_dir / "make", 'echo "make $*"')
+  env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+  r = subprocess.run([os.path.join(REPO, ".ci", "run")], env=env, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0 and r.stdout == "make test\n", r
+  if uid == "0":
+    assert r.stderr == ""
+    return
+  lines = r.stderr.splitlines()
+  assert all(line.startswith("WARNING:") for line in lines) and "not running as root (uid 1000)" in lines[0]
+  named = re.findall(r"(tests/\w+\.py)(?:::(\w+))?", r.stderr)
+  assert [file for file, _ in named] == [
+    "tests/test_network_faults.py",
+    "tests/test_cli_errors.py",
+    "tests/test_slurm.py",
+  ]
+  for file, test in named:  # Each still exists, so the warning names what really skips.
+    with open(os.path.join(REPO, file)) as f:
+      assert not test or f"def {test}(" in f.read(), (file, test)

@@ -1,13 +1,13 @@
 """What a checkpoint is proven to be, and what a failed restore means.
 
-After a save is committed, every process records its share of the step directory's files (every
-n-th of them, by name) with their sizes and SHA-256 in `checksums-I-of-N.json` beside Orbax's own
-metadata. A restore first compares them: a file missing, resized or changed proves damage, and only
-then is the checkpoint set aside. A checkpoint whose files all match is whole, so a failure to read
-it is the environment's (memory, I/O, permissions, time); it stops the run with one line and touches
-nothing. A checkpoint written before checksums existed, or killed before every process's share
-landed, is unproven: its read failures are judged by their kind (trainer/cluster/failures.py), damage where
-nothing says otherwise, as before.
+After a save is committed, every process records its share of the step directory's files (`share`:
+balanced by bytes, the same split on every process) with their sizes and SHA-256 in
+`checksums-I-of-N.json` beside Orbax's own metadata. A restore first compares them: a file missing,
+resized or changed proves damage, and only then is the checkpoint set aside. A checkpoint whose files
+all match is whole, so a failure to read it is the environment's (memory, I/O, permissions, time); it
+stops the run with one line and touches nothing. A checkpoint written before checksums existed, or
+killed before every process's share landed, is unproven: its read failures are judged by their kind
+(trainer/cluster/failures.py), damage where nothing says otherwise, as before.
 
 Cost: one read of the checkpoint's files per save, shared out among the processes, in a background
 thread of each (SHA-256 at 1.57 GB/s on one core of this machine: lm_8b's 96 GB of parameters and
@@ -17,6 +17,7 @@ per restore, shared out the same way.
 
 import glob
 import hashlib
+import heapq
 import json
 import os
 import re
@@ -36,13 +37,30 @@ class RestoreFailed(UserError):
 
 
 def write(step_dir: str, part: tuple[int, int] = (0, 1)) -> None:
-  """Records process i's share (every n-th file) of a committed checkpoint in checksums-i-of-n.json."""
+  """Records process i's share (`share`) of a committed checkpoint's files in checksums-i-of-n.json."""
   i, n = part
-  files = {rel: _digest(os.path.join(step_dir, rel)) for rel in _files(step_dir)[i::n]}
+  sizes = {rel: os.path.getsize(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
+  files = {rel: _digest(os.path.join(step_dir, rel)) for rel in share(sizes, i, n)}
   path = os.path.join(step_dir, f"{NAME}-{i}-of-{n}.json")
   with open(path + ".tmp", "w") as f:
     json.dump({"version": VERSION, "files": files}, f)
   os.replace(path + ".tmp", path)  # Whole or absent.
+
+
+def share(sizes: dict[str, int], i: int, n: int) -> list[str]:
+  """Process i's files of n processes', balanced by bytes: largest first (ties by name), each onto the
+  process with the fewest bytes so far (ties: the lowest index). Every process computes the same split
+  from the same sizes, and no process ends more than the largest file above another. Orbax's files
+  differ in size by orders of magnitude: every n-th file by name, as before, gave the most loaded of 8
+  processes 7.2x the bytes of the least on a 2-layer smoke checkpoint's 30 files; this split 1.22x."""
+  loads = [(0, p) for p in range(n)]  # A heap of (bytes so far, process).
+  mine = []
+  for name in sorted(sizes, key=lambda name: (-sizes[name], name)):
+    load, p = heapq.heappop(loads)
+    if p == i:
+      mine.append(name)
+    heapq.heappush(loads, (load + sizes[name], p))
+  return sorted(mine)
 
 
 def _files(step_dir: str) -> list[str]:
@@ -81,15 +99,16 @@ def _recorded(step_dir: str) -> dict | str | None:
 def verify(step_dir: str, part: tuple[int, int] = (0, 1)) -> bool | str:
   """True: every recorded file is there, unchanged. False: unproven (no checksums). A string: the
   proof of damage, e.g. 'state/d/ab12 changed (sha256 differs)'. An unreadable file is not proof:
-  its OSError propagates. `part=(i, n)` checks every n-th file from the i-th: n processes share the
-  reading."""
+  its OSError propagates. `part=(i, n)` checks process i's `share` of the recorded files (by their
+  recorded sizes): n processes share the reading."""
   recorded = _recorded(step_dir)
   if recorded is None:
     return False
   if isinstance(recorded, str):
     return recorded
   i, n = part
-  for rel, (size, digest) in sorted(recorded.items())[i::n]:
+  for rel in share({rel: size for rel, (size, _) in recorded.items()}, i, n):
+    size, digest = recorded[rel]
     full = os.path.join(step_dir, rel)
     if not os.path.exists(full):
       return f"{rel} is missing"

@@ -232,8 +232,9 @@ def join_job(
 
 
 def use_compilation_cache(setting: str, workdir: str) -> str | None:
-  """Turns on JAX's persistent compilation cache (see base.py's `compilation_cache`); returns its
-  directory, or None when off. Before the first compile: JAX reads the setting once per process."""
+  """Turns on JAX's persistent compilation cache (the `compilation_cache` key in
+  trainer/config/trainer_keys.py); returns its directory, or None when off. Before the first compile:
+  JAX reads the setting once per process."""
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return os.environ["JAX_COMPILATION_CACHE_DIR"]  # JAX has read it already; the environment wins.
   if setting == "off":
