@@ -1,18 +1,22 @@
 """A weighted mixture of random-access sources as one random-access source (`data.source='mixture'`).
 
-Record i of the mixture is a pure function of i: the index space is cut into blocks of BLOCK records,
-and every block holds each source's quota (its weight times BLOCK, rounded by largest remainder) in
-one fixed layout that spreads each source evenly over the block (any stretch of it holds the sources
-in about their shares). So the mixture is deterministic and independent of topology like
-any source, resumes exactly (the data position is the step), and the trainer's seeded shuffle of its
-indices mixes the sources within every batch. A source's records are taken in order, and once all
-are used it starts again (a source weighted above its size repeats; one below it is not exhausted
-within a mixture epoch, which is as long as all sources together).
+Record i of mixture epoch e is a pure function of (e, i): the index space is cut into blocks of BLOCK
+records, and every block holds each source's quota (its weight times BLOCK, rounded by largest
+remainder) in one fixed layout that spreads each source evenly over the block (any stretch of it holds
+the sources in about their shares). Each source is read through in order across epochs: epoch e goes
+on where epoch e - 1 stopped, and a source starts again only once all its records are used. So a
+source weighted below its size (not read through within a mixture epoch, which is as long as all
+sources together) gets to all its records in later epochs, and one weighted above its size repeats
+its records evenly (their read counts differ by at most 1). The mixture is deterministic and
+independent of topology like any source, resumes exactly (the data position is the step, and the
+trainer hands the epoch to `at_epoch`), and the trainer's seeded shuffle of its indices mixes the
+sources within every batch.
 
 Each record carries `source`, the index of the source it came from, so the experiment can report
 each source's share of a batch (the LM: `share_NAME` in the metrics).
 """
 
+import copy
 import os
 import re
 
@@ -21,6 +25,10 @@ import numpy as np
 from errors import UserError
 
 BLOCK = 1024
+# The version of the order above, in the mixture's fingerprint: a run saved under another order is
+# refused on resume, naming the change. 1: every epoch read the same records of each source; 2: each
+# source's position carries on from one epoch to the next.
+ORDER = 2
 
 
 def parse(spec: str) -> list[tuple[str, float]]:
@@ -85,17 +93,30 @@ class MixtureSource:
     self.counts = quotas([w / sum(weights) for w in weights])
     self.source_at, self.rank_at = layout(self.counts)
     self.length = sum(len(s) for s in sources)
+    # Records each source gives one mixture epoch: its position moves on by this much per epoch.
+    whole, rest = divmod(self.length, BLOCK)
+    self.per_epoch = [whole * c + int(np.sum(self.source_at[:rest] == k)) for k, c in enumerate(self.counts)]
+    self.epoch = 0
     # Some sources weigh their tokens (prompt/response examples): the others' every token counts.
     self.with_loss_weights = with_loss_weights
 
   def __len__(self) -> int:
     return self.length
 
+  def at_epoch(self, epoch: int) -> "MixtureSource":
+    """This mixture as mixture epoch `epoch` reads it (the pipeline asks for each batch's epoch); a
+    shallow copy sharing the sources and layout."""
+    view = copy.copy(self)
+    view.epoch = int(epoch)
+    return view
+
   def locate(self, index: int) -> tuple[int, int]:
-    """(source, record of that source) of mixture record `index`."""
+    """(source, record of that source) of mixture record `index` in this view's epoch: the source's
+    records taken before (in earlier epochs and earlier blocks, then earlier in this block), cycled."""
     block, at = divmod(int(index), BLOCK)
     k = int(self.source_at[at])
-    return k, (block * self.counts[k] + int(self.rank_at[at])) % len(self.sources[k])
+    taken = self.epoch * self.per_epoch[k] + block * self.counts[k] + int(self.rank_at[at])
+    return k, taken % len(self.sources[k])
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     if not 0 <= int(index) < self.length:
@@ -112,4 +133,4 @@ class MixtureSource:
 
   def passes(self) -> list[float]:
     """How many times each source is read through in one mixture epoch."""
-    return [self.length * c / BLOCK / len(s) for c, s in zip(self.counts, self.sources, strict=True)]
+    return [n / len(s) for n, s in zip(self.per_epoch, self.sources, strict=True)]

@@ -55,6 +55,10 @@ class BatchPlan:
     ds = grain.MapDataset.range(self.num_records)
     return ds.shuffle(seed=epoch_seed(self.seed, epoch)) if self.shuffle else ds
 
+  def epoch(self, t: int) -> int:
+    """The epoch global batch t belongs to."""
+    return t // self.batches_per_epoch
+
   def record_ids(self, t: int) -> np.ndarray:
     """int64[global_batch_size]: record ids of global batch t, PAD for padding rows."""
     epoch, k = divmod(t, self.batches_per_epoch)
@@ -97,9 +101,10 @@ def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int) -> tup
 
 
 class LocalBatches:
-  """Callable t -> this process's rows of global batch t: the records read in one batched read and
-  stacked (zeros on padding rows), turned into arrays by the experiment's `make_batch`, and checked
-  against the contract (a `weights` array, zero on every padding row)."""
+  """Callable t -> this process's rows of global batch t: the records read in one batched read (from
+  the source as batch t's epoch reads it, `at_epoch`) and stacked (zeros on padding rows), turned into
+  arrays by the experiment's `make_batch`, and checked against the contract (a `weights` array, zero on
+  every padding row)."""
 
   def __init__(self, source, plan: BatchPlan, rows: tuple[int, int], make_batch):
     self.source, self.plan, self.rows, self.make_batch = source, plan, rows, make_batch
@@ -113,7 +118,8 @@ class LocalBatches:
       self._blank = {k: np.zeros_like(np.asarray(v)) for k, v in read_records(self.source, [0])[0].items()}
     records = {k: np.zeros((hi - lo, *v.shape), v.dtype) for k, v in self._blank.items()}
     if valid.any():
-      for k, rows in _stack(read_records(self.source, ids[valid])).items():
+      source = at_epoch(self.source, self.plan.epoch(int(t)))
+      for k, rows in _stack(read_records(source, ids[valid])).items():
         records[k][valid] = rows
     return check_batch(self.make_batch(records, valid), valid, int(t))
 
@@ -141,6 +147,13 @@ def check_batch(batch, valid: np.ndarray, t: int) -> dict[str, np.ndarray]:
       f"make_batch: global batch {t} has non-zero weights on padding rows (valid=False): they would count"
     )
   return batch
+
+
+def at_epoch(source, epoch: int):
+  """The source as `epoch` reads it: one whose records move on from epoch to epoch (a mixture reads
+  each data set on from where the last epoch stopped) offers `at_epoch(epoch)`; any other is the same
+  in every epoch."""
+  return source.at_epoch(epoch) if hasattr(source, "at_epoch") else source
 
 
 def read_records(source, indices) -> list:

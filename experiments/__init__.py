@@ -37,8 +37,9 @@ What the module provides:
       shape and dtype: one loss_sums creates or reshapes is an error naming it.
   data_sources(config) -> data.sources.DataSources
       Train and held-out random-access sources (`len()`, `[i]`, optionally Grain's batched
-      `__getitems__`), a fingerprint of the records, an optional loss floor, and `make_batch`: how the
-      records of a process's rows become arrays (see DataSources).
+      `__getitems__`, and `at_epoch(epoch)` where records move on from epoch to epoch), a fingerprint
+      of the records, an optional loss floor, and `make_batch`: how the records of a process's rows
+      become arrays (see DataSources).
   loss_sums(model, batch, rng[, config]) -> (loss_sum, count, {metric: sum})
       With a parameter named `config`, the trainer passes the run's config (a loss weight, say);
       values the model holds can also travel as its attributes, set in build_model.

@@ -232,7 +232,7 @@ def _mixture(config) -> DataSources:
   return DataSources(
     train=train,
     eval=split("eval"),
-    fingerprint=recipe_fingerprint("mixture", recipe),
+    fingerprint=recipe_fingerprint("mixture", recipe, order=mixture.ORDER),
     make_batch=_make_batch(metas[0], d.packing),
   )
 

@@ -53,6 +53,49 @@ def test_each_block_holds_every_source_at_its_weight_spread_evenly():
   assert mixture.names("x/a:1,y/a:2,b:1") == ["a_0", "a_1", "b"]
 
 
+def test_each_source_is_read_through_in_order_across_epochs():
+  """Through the pipeline, epoch after epoch: the big source weighted below its size is read whole
+  before any record twice, and the small one weighted above its size cycles evenly."""
+  from data.pipeline import PAD, BatchPlan, LocalBatches
+
+  big, small = _Records(2000, 0), _Records(200, 1)
+  source = mixture.MixtureSource([big, small], [0.1, 0.9])
+  plan = BatchPlan(len(source), 64, seed=3)
+  make_batch = lambda records, valid: {"tokens": records["tokens"], "weights": valid.astype(np.float32)}
+  read = LocalBatches(source, plan, (0, 64), make_batch)
+  counts = [np.zeros(len(big), int), np.zeros(len(small), int)]
+  for epoch in range(10):
+    for t in range(epoch * plan.batches_per_epoch, (epoch + 1) * plan.batches_per_epoch):
+      rows = read(t)["tokens"][plan.record_ids(t) != PAD]
+      for k in (0, 1):
+        np.add.at(counts[k], rows[rows[:, 0] == k, 1], 1)
+    for k in (0, 1):  # Read in order and cycled: at every epoch's end no record is 2 reads ahead.
+      assert counts[k].max() - counts[k].min() <= 1, (epoch, k, np.bincount(counts[k]))
+  assert source.per_epoch == [219, 1981] and counts[0].min() == 1  # 10 x 219 reads cover all 2,000.
+  assert counts[1].sum() == 10 * 1981 and counts[1].min() == 99
+
+
+def test_a_run_saved_under_the_old_mixture_order_is_refused_naming_the_change():
+  from types import SimpleNamespace
+
+  from data.sources import recipe_fingerprint
+  from trainer.checkpoint import store
+
+  recipe = [["abc", 0.75], ["def", 0.25]]
+  plan = SimpleNamespace(seed=0, num_records=700, global_batch_size=8)
+  comp = SimpleNamespace(plan=plan, sources=SimpleNamespace(fingerprint="x"))
+  for old, same in (
+    (recipe_fingerprint("mixture", recipe), "the same records"),
+    ("mixture-" + "0" * 16, "other"),
+  ):
+    comp.sources.fingerprint = old
+    saved = store.data_position(4, 0, comp)
+    comp.sources.fingerprint = recipe_fingerprint("mixture", recipe, order=mixture.ORDER)
+    with pytest.raises(UserError, match=f"{same}.*mixture's order changed \\(order version 1 -> 2\\)"):
+      store.check_data_position(saved, 4, comp, allow_changed_data=False)
+    store.check_data_position(saved, 4, comp, allow_changed_data=True)  # Still the user's choice.
+
+
 def _rows(workdir):
   return {r["step"]: r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "loss" in r}
 

@@ -18,6 +18,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from data.sources import order_change
 from errors import UserError, require_keys
 from trainer import rundir
 from trainer.checkpoint import device_memory, tree
@@ -97,9 +98,11 @@ def check_data_position(saved: dict, step: int, comp, allow_changed_data: bool) 
   changed = [k for k in ("num_records", "fingerprint") if saved[k] != now[k]]
   if changed and not allow_changed_data:
     detail = ", ".join(f"{k} {saved[k]} -> {now[k]}" for k in changed)
+    why = order_change(saved["fingerprint"], now["fingerprint"])
+    detail += f": {why}" if why else ""
     raise UserError(
-      f"the data changed since checkpoint {step} ({detail}); pass --config.data.allow_changed_data=True "
-      f"to resume on it anyway"
+      f"the data changed since checkpoint {step} ({detail}); start a new --workdir, or pass "
+      f"--config.data.allow_changed_data=True to resume on it anyway"
     )
 
 
