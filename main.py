@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from trainer.cluster import interrupts
+from trainer.cluster import exit_codes, interrupts
 
 interrupts.install()  # Before anything slow is imported: a signal from here on is one line, not a traceback.
 for _stream in (sys.stdout, sys.stderr):
@@ -49,7 +49,7 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
 )
 
 
-def _fail(msg: str, code: int = 2) -> None:
+def _fail(msg: str, code: int = exit_codes.USER_EXIT) -> None:
   print(f"error: {msg}", file=sys.stderr, flush=True)
   if path := os.environ.get("EXIT_CODE_FILE"):  # For a scheduler that sees only the job's combined code.
     try:

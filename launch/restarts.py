@@ -1,18 +1,19 @@
 """The local launcher's restarts (launch/local.py --max_restarts, --min_processes, --elastic): it runs a
 job, and when the job failed, relaunches the whole of it, on fewer processes if a slot cannot come back.
 
-`--max_restarts=N` relaunches the whole job (after `--restart_backoff_s`, on a new port unless
-`--port` fixes it) when it failed, up to N times; main.py resumes from the newest checkpoint. One line
-per restart names the cause, the process and the checkpoint. Exit codes decide
-(launch/restart_policy.py): a user error (2) or a device that computed wrong (4) never restarts, nor
-does a job the launcher was told to stop. With `--min_processes=K` (`--elastic`: K = 1) a slot that
-fails at start-up twice in a row (before the job's first step) is dropped: the job continues on the
-other processes with the same global batch (the data order is a function of the step) and the
-checkpoint is resharded onto the smaller mesh, which needs a mesh axis of -1 (else main.py's error
-says why). Each restarted process gets LAUNCH_RECOVERY (JSON: the restart, its cause and when the job
-went down and came back), from which main.py records the time to recover by phase. With restarts, a
-failure kills the other processes at once (SIGKILL): they cannot take a step or save without their
-peer, and the relaunch resumes from the last checkpoint.
+`--max_restarts=N` relaunches the whole job (after `--restart_backoff_s`, on a new port unless `--port`
+fixes it) when it failed, up to N times; main.py resumes from the newest checkpoint. One line per
+restart names the cause, the process and the checkpoint. Exit codes decide
+(trainer/cluster/exit_codes.py, through launch/restart_policy.py): a code its table marks as not
+restarted (a user error, a device that computed wrong, out of memory, a miscompiled step) never
+restarts, nor does a job the launcher was told to stop. With `--min_processes=K` (`--elastic`: K = 1) a
+slot that fails at start-up twice in a row (before the job's first step) is dropped: the job continues
+on the other processes with the same global batch (the data order is a function of the step) and the
+checkpoint is resharded onto the smaller mesh, which needs a mesh axis of -1 (else main.py's error says
+why). Each restarted process gets LAUNCH_RECOVERY (JSON: the restart, its cause and when the job went
+down and came back), from which main.py records the time to recover by phase. With restarts, a failure
+kills the other processes at once (SIGKILL): they cannot take a step or save without their peer, and the
+relaunch resumes from the last checkpoint.
 
 How a job's processes are started, watched and stopped is launch/local.py's (its Job); this module
 only decides whether and how to launch again.

@@ -4,6 +4,7 @@ import os
 import sys
 
 from errors import UserError
+from trainer.cluster import exit_codes
 
 MODES = ("train", "eval", "inspect", "verify")
 
@@ -36,6 +37,6 @@ def run(config, workdir: str, mode: str, target_device: str | None = None, given
     from trainer.modes.verify import verify
 
     if not verify(config, workdir):
-      sys.exit(1)  # The table above says which group and step failed.
+      sys.exit(exit_codes.FAILED_EXIT)  # The table above says which group and step failed.
   else:
     raise UserError(f"--mode={mode}: use one of {', '.join(MODES)}")

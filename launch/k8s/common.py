@@ -1,29 +1,29 @@
 """What the GPU and the Pathways JobSets share: RenderError, the input checks, and the pieces of a pod.
 
 launch/k8s/render.py builds the GPU JobSet and launch/k8s/pathways_jobset.py the Pathways one from these:
-the container env entries, the workdir and /dev/shm volumes, the podFailurePolicy that makes main.py's
-`error:` exit fail the JobSet instead of restarting it, and the checks that turn bad input into a
-RenderError that says what to change.
+the container env entries, the workdir and /dev/shm volumes, the podFailurePolicy that makes the exits
+a restart would repeat (trainer/cluster/exit_codes.py) fail the JobSet instead of restarting it, and the
+checks that turn bad input into a RenderError that says what to change.
 """
 
 import os
 import re
 
-from launch.restart_policy import NEVER_RESTART
+from trainer.cluster import exit_codes
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 WORKER_JOB = "worker"
 CONTAINER = "trainer"
-# main.py exits 2 after an `error:` line: bad flags or config, which the next attempt would repeat.
-USER_ERROR_EXIT = 2
-# Exits a restart would repeat (launch/restart_policy.py): a user error, and a device that computed
-# wrong (replicas differ: the same host would again). They fail the JobSet instead of restarting it.
-NO_RESTART_EXITS = [code for code in NEVER_RESTART if code]
+# main.py's exit after a user's mistake: bad flags or config, which the next attempt would repeat.
+USER_ERROR_EXIT = exit_codes.USER_EXIT
+# Exits a restart would repeat (trainer/cluster/exit_codes.py's table: a user error, a device that
+# computed wrong, out of memory, a miscompiled step). They fail the JobSet instead of restarting it.
+NO_RESTART_EXITS = list(exit_codes.NEVER_RESTART)
 # A run stopped by SIGTERM (preemption) saves and, by default, exits 0: every pod exiting 0 would mark the
 # Job, and the JobSet, "Completed" with steps left. With PREEMPTED_EXIT_CODE set, trainer/run.py exits
 # with that code instead: a failure, which the JobSet answers by restarting every pod, and they resume
 # from the checkpoint just saved.
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, the shell's convention.
+PREEMPTED_EXIT_CODE = exit_codes.PREEMPTED_EXIT  # 128 + SIGTERM, the shell's convention.
 # Flags the manifest sets itself; given after `--` they would contradict it.
 RESERVED_FLAGS = (
   "--config",
@@ -138,7 +138,8 @@ def _volumes(workdir: str, pvc: str | None, mount_path: str, shm_size: str | Non
 
 
 def _user_error_policies(container: str, target_job: str) -> tuple[dict, dict]:
-  """(Job podFailurePolicy, JobSet failurePolicy rule): an `error:` exit ends the JobSet, not a restart.
+  """(Job podFailurePolicy, JobSet failurePolicy rule): an exit that exit_codes.NEVER_RESTART holds ends
+  the JobSet, not a restart.
 
   The Job's failure reason is PodFailurePolicy only when this rule matched; other failures (a crash, a
   lost node, a peer that timed out) keep JobSet's default action, RestartJobSet.

@@ -12,8 +12,9 @@ pod `<name>-worker-0-0`, reachable as `<name>-worker-0-0.<name>:PORT` through th
 `<name>` (the JobSet's network subdomain). The workdir is a PersistentVolumeClaim mounted in every
 pod. Any failed pod fails the Job (backoffLimit 0; a lone restarted process cannot rejoin a running
 jax.distributed job) and the JobSet then recreates every pod, up to `max_restarts` times; the new
-processes resume from the last checkpoint in the workdir. A process that exits 2 (main.py's `error:`
-line: a mistake that a restart would repeat) fails the JobSet at once instead. A preempted run saves
+processes resume from the last checkpoint in the workdir. A process whose exit a restart would repeat
+(trainer/cluster/exit_codes.py: a user error, a device that computed wrong, out of memory, a miscompiled
+step) fails the JobSet at once instead. A preempted run saves
 and exits PREEMPTED_EXIT_CODE (set in the pod's env), so it is restarted rather than marked complete.
 
 Pathways (`--pathways`, TPUs on GKE): one `pathways-head` pod running main.py as the single controller,
@@ -38,7 +39,7 @@ if __package__ in (None, ""):  # Run as a script (python launch/k8s/render.py): 
 
 from launch.k8s import schema  # noqa: E402
 
-# RESERVED_FLAGS, USER_ERROR_EXIT, the GPU and the Pathways builders' names are used beside this file,
+# RESERVED_FLAGS, the GPU and the Pathways builders' names are used beside this file,
 # not here; they stay importable as render.NAME, as before the splits (hence F401).
 from launch.k8s.common import (  # noqa: E402, F401
   CONTAINER,
@@ -272,7 +273,7 @@ def main(argv: list[str]) -> int:
     )
   except RenderError as e:
     print(f"error: {e}", file=sys.stderr)
-    return 2
+    return USER_ERROR_EXIT
   text = to_json(objects) if args.format == "json" else to_yaml(objects)
   if args.output == "-":
     sys.stdout.write(text)

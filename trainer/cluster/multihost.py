@@ -8,6 +8,7 @@ import jax
 from jax._src import distributed
 
 from errors import UserError
+from trainer.cluster import exit_codes
 
 
 def client():
@@ -21,10 +22,10 @@ _sequence = itertools.count()
 
 
 class PeerTimeout(UserError):
-  """A peer did not arrive: hung or dead, not the user's mistake. Exit 3, which launchers restart
-  (launch/restart_policy.py), as they do the watchdog's."""
+  """A peer did not arrive: hung or dead, not the user's mistake. Transient, which launchers restart
+  (trainer/cluster/exit_codes.py), as they do the watchdog's."""
 
-  exit_code = 3
+  exit_code = exit_codes.TRANSIENT_EXIT
 
 
 def barrier(name: str, timeout_s: float) -> None:

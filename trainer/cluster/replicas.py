@@ -21,13 +21,14 @@ from jax.sharding import PartitionSpec as P
 
 from errors import UserError
 from trainer import state as state_lib
+from trainer.cluster import exit_codes
 
 
 class ReplicaMismatch(UserError):
-  """Copies that must be equal differ: a device computed wrong. main.py exits 4 (not 2: not the
-  user's mistake), which launchers do not restart: the same host would compute wrong again."""
+  """Copies that must be equal differ: a device computed wrong. Not the user's mistake, and not
+  restarted (trainer/cluster/exit_codes.py): the same host would compute wrong again."""
 
-  exit_code = 4
+  exit_code = exit_codes.COMPUTED_WRONG_EXIT
 
 
 def _bits(x):

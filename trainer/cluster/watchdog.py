@@ -22,10 +22,10 @@ import time
 import jax
 
 from trainer import rundir
-from trainer.cluster import liveness
+from trainer.cluster import exit_codes, liveness
 from trainer.observe.clock import PHASES
 
-EXIT_CODE = 3
+EXIT_CODE = exit_codes.TRANSIENT_EXIT  # Restarted: the next attempt may not get stuck.
 _PHASE_ORDER = {name: i for i, name in enumerate(PHASES)}  # At the same step, earlier is behind.
 _REPORT_EVERY_S = 1.0
 

@@ -22,6 +22,7 @@ import numpy as np
 from errors import UserError
 from trainer import state as state_lib
 from trainer.checkpoint.read import Loaded, load
+from trainer.cluster import exit_codes
 
 
 def named_tensors(params) -> dict[str, np.ndarray]:
@@ -76,7 +77,7 @@ def main(argv=None) -> None:
       run, written = export(args.workdir, args.out, args.step, args.ema), []
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(exit_codes.USER_EXIT)
   if written:
     print(f"wrote checkpoint {run.step} ({run.config.experiment}) to {args.out}: {', '.join(written)}")
     return
