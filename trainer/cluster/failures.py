@@ -2,7 +2,8 @@
 the launchers (launch/restart_policy.py, the SLURM script, the JobSet's podFailurePolicy) follow it.
 
   user error            2  never restart: it would fail the same way
-  transient environment 3  restart: I/O errors, a full disk, a lost peer, the watchdog
+  transient environment 3  restart: I/O errors, a full disk, a lost peer, a lost link between two
+                           processes (trainer/cluster/links.py), the watchdog
   resources             5  restart only after a change (out of memory): launchers do not loop on it
   miscompiled           6  never restart as is: XLA partitioned the step wrongly (the first-step check);
                            another mesh or sharding.rules, or another XLA
