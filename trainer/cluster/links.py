@@ -71,11 +71,13 @@ class Links:
           self._ok[peer] = now  # Judged from when it could first be probed.
 
   def _probe(self) -> None:
-    round_ = 0
+    round_, learned = 0, 0.0
     while not self._stop.is_set():
       began = time.time()
-      if len(self._addresses) < self.processes - 1:
+      # Once a second at most until every peer has published: a directory read on process 0 each.
+      if len(self._addresses) < self.processes - 1 and began - learned >= 1.0:
         self._learn_addresses()
+        learned = began
       peer, round_ = target(self.me, self.processes, round_), round_ + 1
       if (address := self._addresses.get(peer)) is not None:
         try:

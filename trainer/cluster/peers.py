@@ -140,41 +140,50 @@ def probe(address: str, me: int, peer: int, timeout_s: float) -> None:
 def _own_host(coordinator: str) -> str:
   """The address of the interface that routes to the coordinator (a UDP connect sends nothing)."""
   host, port = coordinator.rsplit(":", 1)
-  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-    s.connect((host.strip("[]"), int(port)))
+  family, _, _, _, where = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_DGRAM)[0]
+  with socket.socket(family, socket.SOCK_DGRAM) as s:
+    s.connect(where)
     return s.getsockname()[0]
 
 
-_service: list[PeerService] = []
+_service: list[PeerService | None] = []  # Once started (or failed to), for the rest of the process.
 
 
 def service() -> PeerService | None:
-  """This process's peer service, started and published on the first call; None in a single-process run."""
+  """This process's peer service, started and published on the first call; None in a single-process run,
+  or where it cannot start (said in a warning: the job runs on without the link probes)."""
   if jax.process_count() == 1:
     return None
   if _service:
     return _service[0]
   from jax._src import distributed
 
-  coordinator = distributed.global_state.coordinator_address
   me = jax.process_index()
-  host, port = _own_host(coordinator), port_for(me, int(coordinator.rsplit(":", 1)[1]))
   try:
-    if port > 65535:
-      raise OSError(f"port {port} is past 65535")
-    started = PeerService(me, host, port)
-  except OSError as e:
-    started = PeerService(me, host, 0)
-    print(
-      f"warning: the peer service of process {me} cannot listen on {host}:{port} ({e}); it listens on "
-      f"{started.address}: peers reach it there unless a firewall admits the scheme's ports only "
-      f"(set {PORT_BASE_ENV})",
-      file=sys.stderr,
-      flush=True,
-    )
-  distributed.global_state.client.key_value_set(f"peers/{me}", started.address, allow_overwrite=True)
+    coordinator = distributed.global_state.coordinator_address
+    host, port = _own_host(coordinator), port_for(me, int(coordinator.rsplit(":", 1)[1]))
+    try:
+      if port > 65535:
+        raise OSError(f"port {port} is past 65535")
+      started = PeerService(me, host, port)
+    except OSError as e:
+      started = PeerService(me, host, 0)
+      _warn(
+        f"the peer service of process {me} cannot listen on {host}:{port} ({e}); it listens on "
+        f"{started.address}: peers reach it there unless a firewall admits the scheme's ports only "
+        f"(set {PORT_BASE_ENV})"
+      )
+    distributed.global_state.client.key_value_set(f"peers/{me}", started.address, allow_overwrite=True)
+  except Exception as e:  # noqa: BLE001 - no coordinator address, no usable interface: probes off, not the run.
+    _warn(f"process {me} runs no peer service ({type(e).__name__}: {e}): links between processes go unprobed")
+    _service.append(None)
+    return None
   _service.append(started)
   return started
+
+
+def _warn(message: str) -> None:
+  print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def addresses() -> dict[int, str]:
