@@ -75,3 +75,11 @@ def test_a_lost_link_is_named_with_both_ends_only_while_the_peer_still_answers_p
     watched.stop()
     me.close()
     one.close()
+
+
+def test_a_peer_timeout_of_0_starts_no_service_and_names_nothing(monkeypatch):
+  def no_service():
+    raise AssertionError("the peer service started with watchdog.peer_timeout_s=0")
+
+  monkeypatch.setattr(peers, "service", no_service)
+  assert links.Links(timeout_s=0).cut(time.time() + 1e6, answering=lambda peer: True) is None
