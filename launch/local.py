@@ -3,10 +3,13 @@
   python launch/local.py --processes=2 --cpu_devices=4 -- --config=configs/smoke_cpu.py --workdir=runs/mp
 
 Every process gets `--coordinator_address=127.0.0.1:PORT --num_processes=P --process_id=I
---cpu_devices=D` followed by the flags after `--`. Their output comes back line by line, prefixed
-`[pI] `, less known library chatter (launch/process_output.py; `--verbose`, or `--verbosity` among
-main.py's flags, shows every line). When one process exits non-zero the others are stopped (SIGTERM,
-then SIGKILL after --grace_s) and the launcher exits with that code; it exits 0 when all succeed.
+--cpu_devices=D` followed by the flags after `--`. Process I's peer service (trainer/cluster/peers.py:
+the link probes between every pair of processes) listens on PORT + 1 + I (PEER_PORT_BASE + I when that
+is set); a port that is taken falls back to one the kernel picks, which the peers learn. Their output
+comes back line by line, prefixed `[pI] `, less known library chatter (launch/process_output.py;
+`--verbose`, or `--verbosity` among main.py's flags, shows every line). When one process exits non-zero
+the others are stopped (SIGTERM, then SIGKILL after --grace_s) and the launcher exits with that code;
+it exits 0 when all succeed.
 
 SIGINT and SIGTERM are passed on to every process; main.py then saves at a step all agree on and
 exits 0. The launcher exits with their result, as without a signal: 0 when every process stopped

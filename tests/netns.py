@@ -1,6 +1,7 @@
-"""Two 'hosts' on this machine for network-fault tests: two network namespaces, each with its own
-address on one veth link between them, made with `ip netns` (root). Everything made here is removed
-on exit; where namespaces cannot be made, the test is skipped with the reason.
+"""'Hosts' on this machine for network-fault tests, made with `ip netns` (root): two network namespaces,
+each with its own address on one veth link between them (two_hosts), or several on one bridge, as
+hosts on one switch (bridged_hosts). Everything made here is removed on exit; where namespaces cannot
+be made, the test is skipped with the reason.
 
 The machine's host name resolves, inside each namespace, to that namespace's own address (through
 /etc/netns/NAME/hosts, which `ip netns exec` mounts over /etc/hosts): Gloo advertises that address
@@ -33,6 +34,12 @@ class Hosts:
   def heal(self) -> None:
     self.ip(1, "link", "set", self.links[1], "up")
 
+  def cut_between(self, i: int, j: int) -> None:
+    """Hosts i and j stop reaching each other (a blackhole route on each side), and every other host
+    still reaches both: a bad route or firewall rule between two hosts, not a dead switch."""
+    self.ip(i, "route", "add", "blackhole", f"{self.addresses[j]}/32")
+    self.ip(j, "route", "add", "blackhole", f"{self.addresses[i]}/32")
+
   @contextlib.contextmanager
   def slow_link(self, i: int, rate: str):
     """Namespace i's outgoing traffic shaped to `rate` (a token bucket: a slow or congested link)."""
@@ -48,6 +55,23 @@ class Hosts:
 
 def _run(*argv: str) -> None:
   subprocess.run(argv, check=True, capture_output=True, text=True, timeout=10)
+
+
+def _resolve_hostname_to(namespace: str, address: str) -> None:
+  os.makedirs(f"/etc/netns/{namespace}", exist_ok=True)
+  with open(f"/etc/netns/{namespace}/hosts", "w") as f:
+    f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
+
+
+def _remove(namespaces: list[str]) -> None:
+  for ns in namespaces:
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)  # Takes its veth ends along.
+    shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+
+
+def _skip(e: Exception):
+  detail = getattr(e, "stderr", None) or e
+  pytest.skip(f"network namespaces cannot be made here (needs root and `ip netns`): {detail}")
 
 
 LINK = "fab0"  # The link's name inside each namespace, the same on both, as a host's "eth0" would be.
@@ -78,14 +102,44 @@ def two_hosts(resolve_hostname: bool = True, subnet: int = 0):
         hosts.ip(i, "link", "set", hosts.links[i], "up")
         hosts.ip(i, "link", "set", "lo", "up")
         if resolve_hostname:
-          os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
-          with open(f"/etc/netns/{ns}/hosts", "w") as f:
-            f.write(f"127.0.0.1 localhost\n{hosts.addresses[i]} {socket.gethostname()}\n")
+          _resolve_hostname_to(ns, hosts.addresses[i])
     except (OSError, subprocess.SubprocessError) as e:
-      detail = getattr(e, "stderr", None) or e
-      pytest.skip(f"network namespaces cannot be made here (needs root and `ip netns`): {detail}")
+      _skip(e)
     yield hosts
   finally:
-    for ns in made:
-      subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)  # Takes its veth end along.
-      shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+    _remove(made)
+
+
+@contextlib.contextmanager
+def bridged_hosts(n: int = 3, subnet: int = 2):
+  """n hosts on one bridge, which lives in a namespace of its own (the switch), so that nothing of the
+  machine's own network changes. Each host's link is a veth whose other end is a port of the bridge;
+  the host name resolves to each host's own address, as in two_hosts."""
+  tag = f"{os.getpid() % 10_000}{subnet}"
+  switch = f"tplns{tag}s"
+  hosts = Hosts(
+    namespaces=[f"tplns{tag}{i}" for i in range(n)],
+    links=[LINK] * n,
+    addresses=[f"10.{213 + subnet}.{os.getpid() % 250}.{i + 1}" for i in range(n)],
+  )
+  made: list[str] = []
+  try:
+    try:
+      for ns in [switch, *hosts.namespaces]:
+        _run("ip", "netns", "add", ns)
+        made.append(ns)
+      _run("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
+      _run("ip", "-n", switch, "link", "set", "br0", "up")
+      for i, ns in enumerate(hosts.namespaces):
+        port = f"p{i}"
+        _run("ip", "-n", switch, "link", "add", port, "type", "veth", "peer", "name", LINK, "netns", ns)
+        _run("ip", "-n", switch, "link", "set", port, "master", "br0", "up")
+        hosts.ip(i, "addr", "add", f"{hosts.addresses[i]}/24", "dev", LINK)
+        hosts.ip(i, "link", "set", LINK, "up")
+        hosts.ip(i, "link", "set", "lo", "up")
+        _resolve_hostname_to(ns, hosts.addresses[i])
+    except (OSError, subprocess.SubprocessError) as e:
+      _skip(e)
+    yield hosts
+  finally:
+    _remove(made)

@@ -154,15 +154,22 @@ def test_gpu_manifest_conforms_to_the_schemas():
   assert [o["kind"] for o in k8s.render(**BASE, service=False, network_policy=False)] == ["JobSet"]
 
 
-def test_only_the_jobs_own_pods_reach_the_coordinator_port():
-  policy = _by_kind(k8s.render(**BASE, port=1234))["NetworkPolicy"]
+def test_only_the_jobs_own_pods_reach_the_coordinator_and_peer_ports():
+  """Process I's peer service listens on 1234 + 1 + I (trainer/cluster/peers.py): 1235..1238 for 4."""
+  objects = k8s.render(**BASE, port=1234)
+  policy = _by_kind(objects)["NetworkPolicy"]
   own = {"podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": BASE.get("name", "train")}}}
   assert policy["spec"]["podSelector"] == own["podSelector"] and policy["spec"]["policyTypes"] == ["Ingress"]
   mine, everyone = policy["spec"]["ingress"]
-  assert mine == {"from": [own]}  # Every port, the coordinator's included, from the job's pods.
-  assert "from" not in everyone  # From anywhere: every port but 1234.
+  assert mine == {
+    "from": [own]
+  }  # Every port, the coordinator's and the peers' included, from the job's pods.
+  assert "from" not in everyone  # From anywhere: every port but 1234..1238.
   ranges = {(p["protocol"], p["port"], p["endPort"]) for p in everyone["ports"]}
-  assert ranges == {(proto, lo, hi) for proto in ("TCP", "UDP") for lo, hi in ((1, 1233), (1235, 65535))}
+  assert ranges == {(proto, lo, hi) for proto in ("TCP", "UDP") for lo, hi in ((1, 1233), (1239, 65535))}
+  assert _env(_container(_gpu_pod(objects)))["PEER_PORT_BASE"]["value"] == "1235"
+  with pytest.raises(k8s.RenderError, match=r"port=65533: must be in \[1, 65531\]: the 4 processes' peer"):
+    k8s.render(**BASE, port=65533)
 
 
 @pytest.mark.parametrize("replicas", [1, 3, 16])
@@ -250,7 +257,7 @@ def test_user_error_exit_fails_the_jobset_instead_of_restarting_it():
   [rule] = _job(jobset, "worker")["template"]["spec"]["podFailurePolicy"]["rules"]
   assert rule == {
     "action": "FailJob",
-    "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 4, 5, 6]},
+    "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 4, 5, 6, 7]},
   }
   [js_rule] = jobset["spec"]["failurePolicy"]["rules"]
   assert js_rule["action"] == "FailJobSet" and js_rule["onJobFailureReasons"] == ["PodFailurePolicy"]

@@ -296,13 +296,13 @@ def test_library_chatter_is_dropped_unless_everything_is_asked_for(stub):
 
 def test_a_failed_job_is_relaunched_and_a_user_error_or_the_restart_budget_ends_it(stub, tmp_path):
   flags = ["--processes=2", "--cpu_devices=1", "--restart_backoff_s=0", f"--main={stub}"]
-  result = _launch(*flags, "--max_restarts=2", "--", "--act_1=once7", f"--workdir={tmp_path}", tag=stub)
+  result = _launch(*flags, "--max_restarts=2", "--", "--act_1=once11", f"--workdir={tmp_path}", tag=stub)
   assert result.returncode == 0, result.stderr
   launch = _lines(result.stderr, "[launch] ")
-  assert len(launch) == 2 and launch[0].startswith("process 1 exited with code 7"), launch
+  assert len(launch) == 2 and launch[0].startswith("process 1 exited with code 11"), launch
   assert (
     launch[1]
-    == "restart 1/2: process 1 exited with code 7; resuming from the start (no checkpoint yet) in 0 s"
+    == "restart 1/2: process 1 exited with code 11; resuming from the start (no checkpoint yet) in 0 s"
   )
   (recovery,) = {line for line in _lines(result.stdout, "[p0] recovery ")}
   info = json.loads(recovery)

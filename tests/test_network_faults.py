@@ -4,7 +4,8 @@ the tests cut. A partition ends every process within the peer timeout with one l
 process it lost and its phase, exit 3 and no stack on the console; the launcher's restart then
 continues bit for bit. A flap shorter than the peer timeout is survived, bit for bit, and so is a
 job beside CPU hogs; where the host name does not resolve to the host's own address, Gloo is told the
-interface."""
+interface. Among three hosts on one bridge, a link lost between two processes that both still reach
+process 0 ends the job within the peer timeout, naming both ends (trainer/cluster/links.py)."""
 
 import os
 import re
@@ -13,11 +14,12 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from tests import netns
 from tests.conftest import REPO, TINY_FLAGS, train_losses
-from tests.netns import two_hosts
+from tests.netns import bridged_hosts, two_hosts
 from trainer.cluster import liveness
 
 pytestmark = pytest.mark.slow
@@ -36,8 +38,9 @@ FLAGS = [
 class Launch:
   """launch/local.py over the two namespaces, its output read as it comes."""
 
-  def __init__(self, hosts, workdir, *launcher_flags, pauses=READS, main_flags=()):
-    argv = [sys.executable, os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=4"]
+  def __init__(self, hosts, workdir, *launcher_flags, pauses=READS, main_flags=(), cpu_devices=4):
+    argv = [sys.executable, os.path.join(REPO, "launch", "local.py"), f"--processes={len(hosts.namespaces)}"]
+    argv += [f"--cpu_devices={cpu_devices}"]
     argv += [f"--netns={','.join(hosts.namespaces)}", "--main=tests/main_with_pauses.py", *launcher_flags]
     argv += ["--", pauses, *FLAGS, *main_flags, f"--workdir={workdir}"]
     env = {**os.environ, "JAX_HEARTBEAT_TIMEOUT_S": "40"}
@@ -205,3 +208,36 @@ def test_a_slow_link_on_one_host_is_named_by_the_straggler_report(hosts, tmp_pat
   assert named and all(line.startswith("[p0] straggler: process 1's link round trip is") for line in named), (
     run.output()
   )
+
+
+def test_a_link_lost_between_two_processes_that_both_reach_process_0_is_named_by_both_ends(tmp_path):
+  """Three hosts on one switch; blackhole routes between hosts 1 and 2 only. Their liveness counters,
+  which travel through process 0, keep moving, and their collectives wait on each other: without the
+  direct probes only the 300 s step budget would end the job. Here it ends within the peer timeout,
+  exit 3, with a line naming both ends and their addresses, and no process is left behind."""
+  mesh = ["--config.mesh.data=3", "--config.mesh.fsdp=2", "--config.mesh.tensor=1"]
+  flags = [*mesh, "--config.global_batch_size=12", "--config.steps=1000", "--config.checkpoint.every=1000"]
+  with bridged_hosts(3) as hosts:
+    run = Launch(hosts, tmp_path, "--grace_s=2", main_flags=flags, cpu_devices=2)
+    try:
+      run.wait_for(r"\[p0\] step 2/", timeout=120)
+      hosts.cut_between(1, 2)
+      cut_at = time.time()
+      named_at = run.wait_for(r"cannot reach process", timeout=PEER_TIMEOUT_S + 20)
+      code = run.finish(timeout=30)
+    finally:
+      run.finish(timeout=10)
+  out = run.output()
+  assert code == 3, out
+  # Silence counts from the last probe that crossed, up to one probe interval (0.5 s here) before the cut.
+  assert PEER_TIMEOUT_S - 1 <= named_at - cut_at <= PEER_TIMEOUT_S + 10, (named_at - cut_at, out)
+  address = r"\((10\.[\d.]+):\d+\)"
+  named = re.findall(rf"\[p(\d)\] error: process (\d) {address} cannot reach process (\d) {address}", out)
+  assert named, out
+  for prefix, me, my_address, peer, peer_address in named:
+    assert prefix == me and {me, peer} == {"1", "2"}, out
+    assert (my_address, peer_address) == (hosts.addresses[int(me)], hosts.addresses[int(peer)]), out
+  assert "while both reach the coordination service on process 0" in out, out
+  assert "Thread 0x" not in out and "Traceback" not in out, out
+  left = [p for p in psutil.process_iter(["cmdline"]) if f"--workdir={tmp_path}" in (p.info["cmdline"] or [])]
+  assert not left, left

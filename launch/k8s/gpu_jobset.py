@@ -1,7 +1,8 @@
 """Builds the GPU variant of the JobSet (launch/k8s/render.py without --pathways): `replicas` pods of one
 indexed Job, one process each, joined by jax.distributed through pod 0; with the headless Service that
-names pod 0 and the NetworkPolicy that guards its coordinator port. render.render() checks the inputs,
-calls _gpu_objects and validates what it returns; render.py's docstring says what the manifest does.
+names pod 0 and the NetworkPolicy that guards its coordinator and peer ports. render.render() checks the
+inputs, calls _gpu_objects and validates what it returns; render.py's docstring says what the manifest
+does.
 """
 
 from types import SimpleNamespace
@@ -22,6 +23,14 @@ from launch.k8s.common import (
 # here means nothing surprises someone who knows that path.
 COORDINATOR_PORT = 55527
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+# trainer/cluster/peers.py: process I's peer service (the link probes between every pair of processes)
+# listens on PEER_PORT_BASE + I; the manifest sets the base to the coordinator port + 1, its default.
+PEER_PORT_BASE_ENV = "PEER_PORT_BASE"
+
+
+def peer_ports(port: int, replicas: int) -> tuple[int, int]:
+  """The first and last port of the processes' peer services."""
+  return port + 1, port + replicas
 
 
 def _gpu_objects(o: SimpleNamespace) -> list[dict]:
@@ -39,6 +48,7 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
       _env("JAX_COORDINATOR_ADDRESS", coordinator),
       _env("JAX_NUM_PROCESSES", str(o.replicas)),
       _env("JAX_PROCESS_ID", field=COMPLETION_INDEX),
+      _env(PEER_PORT_BASE_ENV, str(peer_ports(o.port, o.replicas)[0])),
       *xla_flags,
     ],
     mounts,
@@ -87,7 +97,7 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
   }
   objects = [jobset]
   if o.network_policy:
-    objects.insert(0, _coordinator_policy(o.name, o.namespace, o.port))
+    objects.insert(0, _coordinator_policy(o.name, o.namespace, o.port, o.replicas))
   if o.service:
     # The JobSet controller creates this headless Service itself when it is missing; rendering it keeps
     # the coordinator's DNS name visible in the manifest and works with JobSet versions that do not.
@@ -95,13 +105,15 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
   return objects
 
 
-def _coordinator_policy(name: str, namespace: str, port: int) -> dict:
-  """Admits the coordinator port only from the job's own pods: JAX's coordination service has no
-  authentication, so anyone who reaches it could join or disturb the job. Every other port stays open
-  as without a policy (NCCL between the pods, a metrics scraper): one rule for the job's pods, one for
-  everyone that leaves out the coordinator's port. Needs a network plugin that enforces policies."""
+def _coordinator_policy(name: str, namespace: str, port: int, replicas: int) -> dict:
+  """Admits the coordinator port and the peer services' ports (port + 1 .. port + replicas) only from the
+  job's own pods: neither JAX's coordination service nor the peer service has authentication, so anyone
+  who reaches them could join or disturb the job. Every other port stays open as without a policy (NCCL
+  between the pods, a metrics scraper): one rule for the job's pods, one for everyone that leaves out
+  those ports. Needs a network plugin that enforces policies."""
   pods = {"podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": name}}}
-  others = [{"port": lo, "endPort": hi} for lo, hi in ((1, port - 1), (port + 1, 65535)) if lo <= hi]
+  last = peer_ports(port, replicas)[1]  # The coordinator's port, then the peer range right above it.
+  others = [{"port": lo, "endPort": hi} for lo, hi in ((1, port - 1), (last + 1, 65535)) if lo <= hi]
   return {
     "apiVersion": "networking.k8s.io/v1",
     "kind": "NetworkPolicy",

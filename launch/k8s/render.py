@@ -7,15 +7,17 @@
 GPU (the default): one JobSet with one replicated Job of `replicas` pods, one process each, with
 `gpus_per_replica` GPUs (`nvidia.com/gpu`) per pod. Pod I runs `python main.py --config=...
 --workdir=... ARGS...` with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID set, which
-trainer/cluster/runtime.py reads to join the job; process I is the pod's Job completion index. Process 0 is
-pod `<name>-worker-0-0`, reachable as `<name>-worker-0-0.<name>:PORT` through the headless Service
-`<name>` (the JobSet's network subdomain). The workdir is a PersistentVolumeClaim mounted in every
-pod. Any failed pod fails the Job (backoffLimit 0; a lone restarted process cannot rejoin a running
-jax.distributed job) and the JobSet then recreates every pod, up to `max_restarts` times; the new
-processes resume from the last checkpoint in the workdir. A process whose exit a restart would repeat
-(trainer/cluster/exit_codes.py: a user error, a device that computed wrong, out of memory, a miscompiled
-step) fails the JobSet at once instead. A preempted run saves
-and exits PREEMPTED_EXIT_CODE (set in the pod's env), so it is restarted rather than marked complete.
+trainer/cluster/runtime.py reads to join the job; process I is the pod's Job completion index. Process 0
+is pod `<name>-worker-0-0`, reachable as `<name>-worker-0-0.<name>:PORT` through the headless Service
+`<name>` (the JobSet's network subdomain); process I's peer service (the link probes between every pair
+of processes, trainer/cluster/peers.py) listens on PORT + 1 + I, and the NetworkPolicy admits those
+ports and the coordinator's from the job's own pods only. The workdir is a PersistentVolumeClaim mounted
+in every pod. Any failed pod fails the Job (backoffLimit 0; a lone restarted process cannot rejoin a
+running jax.distributed job) and the JobSet then recreates every pod, up to `max_restarts` times; the
+new processes resume from the last checkpoint in the workdir. A process whose exit a restart would
+repeat (trainer/cluster/exit_codes.py: a user error, a device that computed wrong, out of memory, a
+miscompiled step) fails the JobSet at once instead. A preempted run saves and exits PREEMPTED_EXIT_CODE
+(set in the pod's env), so it is restarted rather than marked complete.
 
 Pathways (`--pathways`, TPUs on GKE): one `pathways-head` pod running main.py as the single controller,
 and `replicas` TPU slices of `worker` pods; launch/k8s/pathways_jobset.py builds it and says more.
@@ -115,7 +117,8 @@ def render(
   name, namespace: of the JobSet and its headless Service; pod host names start with `name`.
   pathways: render the Pathways-on-GKE variant (see the module docstring) with `tpu`, `topology`,
     `gcs_scratch` (gs:// scratch space for Pathways) and `pathways_version` (image tag).
-  port: the jax.distributed coordinator port on process 0 (GPU).
+  port: the jax.distributed coordinator port on process 0 (GPU); process I's peer service
+    (trainer/cluster/peers.py) listens on port + 1 + I (PEER_PORT_BASE in the pod's env).
   max_restarts: JobSet restarts (every pod recreated, training resumes from its checkpoint) before
     the JobSet is marked failed. Preemptions count too.
   termination_grace_s: seconds between SIGTERM and SIGKILL, for the trainer's save on preemption.
@@ -123,8 +126,8 @@ def render(
   node_selector: GPU: for the worker pods; Pathways: for the head pod (e.g. a CPU node pool).
   env: extra environment variables for main.py's container.
   service: also render the headless Service (GPU); the JobSet controller otherwise creates it.
-  network_policy: also render a NetworkPolicy that admits the coordinator port only from the job's
-    own pods (GPU).
+  network_policy: also render a NetworkPolicy that admits the coordinator port and the peer ports only
+    from the job's own pods (GPU).
 
   Raises RenderError with a message that says what to change.
   """
@@ -152,8 +155,11 @@ def render(
         f"--cpu_devices runs on logical CPU devices: the {gpus_per_replica} GPUs per pod would sit idle; "
         "use gpus_per_replica=0 or drop --cpu_devices"
       )
-    if not 1 <= port <= 65535:
-      raise RenderError(f"port={port}: must be in [1, 65535]")
+    if not 1 <= port <= 65535 - replicas:
+      raise RenderError(
+        f"port={port}: must be in [1, {65535 - replicas}]: the {replicas} processes' peer services listen "
+        "on the ports right above it (trainer/cluster/peers.py)"
+      )
     o.args = main_args
     objects = _gpu_objects(o)
   # The schemas and the API server's rules (launch/k8s/schema.py) catch what the checks above do not (an
@@ -221,7 +227,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra env for main.py")
   parser.add_argument("--no_service", action="store_true", help="leave the headless Service to JobSet")
   parser.add_argument(
-    "--no_network_policy", action="store_true", help="no NetworkPolicy guarding the coordinator port"
+    "--no_network_policy",
+    action="store_true",
+    help="no NetworkPolicy guarding the coordinator and peer ports",
   )
   parser.add_argument("--pathways", action="store_true", help="Pathways on GKE TPUs (best effort, untested)")
   parser.add_argument("--tpu", default="v5e", choices=sorted(TPUS), help="--pathways: TPU generation")

@@ -12,7 +12,8 @@ counter lives in its own thread. Bounds: a lost peer is named between peer_timeo
 peer_timeout_s + 2 s after its last answer. JAX's own heartbeat (--distributed_heartbeat_timeout_s,
 JAX's default 100 s) must be longer, or JAX aborts first: the timeout used is at most half of it.
 A peer that has not answered yet (still importing or building on a loaded host) is judged against
-watchdog.startup_timeout_s instead.
+watchdog.startup_timeout_s instead. watchdog.peer_timeout_s=0 judges nobody (the counters still carry
+the reports). Two processes that lose each other but not process 0 are trainer/cluster/links.py's.
 """
 
 import json
@@ -45,7 +46,7 @@ class Liveness:
       return
     from trainer.cluster import runtime
 
-    # Below JAX's heartbeat, which would abort first without naming anyone.
+    # Below JAX's heartbeat, which would abort first without naming anyone; 0 stays 0 (off).
     self.timeout_s = min(peer_timeout_s, runtime.heartbeat_timeout_s() / 2)
     threading.Thread(target=self._talk, daemon=True, name="liveness").start()
 
@@ -96,9 +97,17 @@ class Liveness:
       trips, self._round_trips = self._round_trips, []
     return statistics.fmean(trips) if trips else 0.0
 
+  def answering(self, peer: int, now: float) -> bool:
+    """Whether this process and `peer` both reached the coordination service within the last few
+    rounds (the peer's counter moved)."""
+    with self._lock:
+      contact, seen = self._contact, self._seen.get(peer)
+    recent = 3 * PERIOD_S
+    return now - contact <= recent and seen is not None and now - seen[1] <= recent
+
   def lost(self, now: float) -> str | None:
     """What this process has lost contact with (a phrase), or None."""
-    if self._client is None:
+    if self._client is None or self.timeout_s <= 0:
       return None
     with self._lock:
       contact, seen = self._contact, dict(self._seen)

@@ -4,7 +4,8 @@ The loop says where it is (`beat(phase, step)`); a thread checks the deadline. P
 prints what every process was doing and the likely straggler, writes every Python thread's stack
 (faulthandler) to WORKDIR/crashes/process_I.txt, prints which process is stuck at which step and
 phase, and exits 3; the launcher or scheduler then ends the rest. The same thread ends the process
-when a peer stops answering (trainer/cluster/liveness.py), whatever the phase's budget.
+when a peer stops answering (trainer/cluster/liveness.py), or the link to one is lost while both still
+reach process 0 (trainer/cluster/links.py), whatever the phase's budget.
 
 Each process publishes its main thread's progress (phase, step, and when it entered them), not only
 that its watchdog thread is alive: a main thread blocked in a read that releases the GIL leaves the
@@ -22,7 +23,7 @@ import time
 import jax
 
 from trainer import rundir
-from trainer.cluster import exit_codes, liveness
+from trainer.cluster import exit_codes, links, liveness
 from trainer.observe.clock import PHASES
 
 EXIT_CODE = exit_codes.TRANSIENT_EXIT  # Restarted: the next attempt may not get stuck.
@@ -39,6 +40,7 @@ class Watchdog:
     self._window = None  # The last logging window's per-step figures (trainer/observe/straggler.py).
     self._set("startup", 0, w.startup_timeout_s)
     self._peers = liveness.Liveness(w.peer_timeout_s, w.startup_timeout_s)
+    self._links = links.Links(self._peers.timeout_s)  # The same timeout: below JAX's heartbeat.
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._watch, daemon=True, name="watchdog")
     self._thread.start()
@@ -79,6 +81,7 @@ class Watchdog:
 
   def stop(self) -> None:
     self._stop.set()
+    self._links.stop()
     self._thread.join(timeout=5)
 
   def _watch(self) -> None:
@@ -93,6 +96,13 @@ class Watchdog:
           f"error: process {jax.process_index()} lost contact with {lost} while in {phase} at step {step} "
           f"(watchdog.peer_timeout_s={self._peers.timeout_s:g}): a network partition, or a stopped, "
           "wedged or dead host; exiting so that the job restarts from its newest checkpoint"
+        )
+      if cut := self._links.cut(time.time(), lambda peer: self._peers.answering(peer, time.time())):
+        self._exit(
+          f"error: {cut}, while both reach the coordination service on process 0; in {phase} at step "
+          f"{step} (watchdog.peer_timeout_s={self._links.timeout_s:g}): a network fault between these two "
+          "hosts (a route, a firewall, a switch port, or the peer service's port blocked); exiting so "
+          "that the job restarts from its newest checkpoint"
         )
 
   def _fire(self, phase, step, timeout_s, waited) -> None:

@@ -181,12 +181,14 @@ KEYS = {
   ),
   "watchdog.peer_timeout_s": Key(
     30.0,
-    real(0.0, low_open=True),
+    real(0.0),
     keys.FREE,
     "A peer whose liveness counter (trainer/cluster/liveness.py, its own thread, whatever the phase) has "
-    "not moved for this long is lost: stopped, dead or partitioned away. Every process names what it lost"
-    " and exits 3. Must stay below JAX's heartbeat timeout (100 s unless set), which aborts without a "
-    "name.",
+    "not moved for this long is lost: stopped, dead or partitioned away; so is the link between two "
+    "processes that both reach process 0 but whose direct probes (trainer/cluster/links.py, through each "
+    "process's peer service on port PEER_PORT_BASE + process index) have failed for this long. Every "
+    "process names what it lost and exits 3. Must stay below JAX's heartbeat timeout (100 s unless set), "
+    "which aborts without a name. 0: off (no peer service either).",
   ),
   "checks.replica_every": Key(
     0,

@@ -1,0 +1,194 @@
+"""The peer service: one small TCP listener per process that the job's other processes call directly,
+not through the coordination service on process 0. Its first message type is the probe
+(trainer/cluster/links.py); a peer checkpoint tier can add its own types to the same service.
+
+Port scheme: process I listens on PEER_PORT_BASE + I, PEER_PORT_BASE from the environment, else the
+coordinator's port + 1 (launch/local.py, launch/slurm/train.sbatch and launch/k8s/render.py leave it at
+that; the Kubernetes NetworkPolicy admits that range from the job's own pods only). A port that is
+taken or past 65535 falls back to one the kernel picks, with a warning: every process publishes the
+address it really listens on in the coordination service (`peers/I`), so peers still find it where
+the network does not filter ports. The address is that of the interface that routes to process 0.
+
+Framing, the same for a request and its reply, one request per connection:
+  4 bytes MAGIC, 1 byte message type, 8 bytes payload length (big-endian), then the payload.
+A reply's type is the request's | REPLY, or ERROR with a UTF-8 message as its payload. The service has
+no authentication, like JAX's coordination service: keep its ports within the job's network.
+"""
+
+import json
+import os
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+
+import jax
+
+MAGIC = b"TPL1"
+_HEADER = struct.Struct("!4sBQ")  # magic, message type, payload length.
+PROBE = 1  # Payload {"from": I, "to": J}; the reply {"process": J}.
+REPLY = 0x80
+ERROR = 0xFF
+MAX_PAYLOAD = 1 << 34  # 16 GiB: a bound against a stray connection's garbage length, not a quota.
+PORT_BASE_ENV = "PEER_PORT_BASE"
+
+
+class PeerError(OSError):
+  """A peer that did not answer, or answered with something other than a reply."""
+
+
+def encode(kind: int, payload: bytes) -> bytes:
+  return _HEADER.pack(MAGIC, kind, len(payload)) + payload
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+  chunks, left = [], n
+  while left:
+    chunk = sock.recv(min(left, 1 << 20))
+    if not chunk:
+      raise PeerError(f"connection closed with {left} of {n} bytes unread")
+    chunks.append(chunk)
+    left -= len(chunk)
+  return b"".join(chunks)
+
+
+def read_frame(sock: socket.socket) -> tuple[int, bytes]:
+  """(message type, payload) of the next frame; PeerError on a bad header."""
+  magic, kind, length = _HEADER.unpack(_read_exactly(sock, _HEADER.size))
+  if magic != MAGIC or length > MAX_PAYLOAD:
+    raise PeerError(f"not a peer-service frame (magic {magic!r}, length {length})")
+  return kind, _read_exactly(sock, length)
+
+
+def port_for(process: int, coordinator_port: int) -> int:
+  """Where process `process` listens by the scheme (PEER_PORT_BASE + process)."""
+  return int(os.environ.get(PORT_BASE_ENV) or coordinator_port + 1) + process
+
+
+def request(address: str, kind: int, payload: bytes, timeout_s: float) -> bytes:
+  """Sends one request to HOST:PORT and returns the reply's payload; PeerError (an OSError) otherwise."""
+  host, port = address.rsplit(":", 1)
+  try:
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+      sock.sendall(encode(kind, payload))
+      got, body = read_frame(sock)
+  except (OSError, struct.error) as e:
+    raise PeerError(f"{address}: {e}") from None
+  if got == ERROR:
+    raise PeerError(f"{address}: {body.decode(errors='replace')}")
+  if got != kind | REPLY:
+    raise PeerError(f"{address}: reply of type {got} to a request of type {kind}")
+  return body
+
+
+class _Server(socketserver.ThreadingTCPServer):
+  daemon_threads = True  # A caller that hangs holds its own thread only, and never the process's exit.
+  allow_reuse_address = True
+
+
+class PeerService:
+  """Listens on `host:port` (0: a port the kernel picks) and answers with `handlers[type](payload)`."""
+
+  def __init__(self, me: int, host: str, port: int):
+    self.me = me
+    self.handlers = {PROBE: self._answer_probe}
+    self.heard: dict[int, float] = {}  # peer -> when its last probe reached us (the link works).
+    service = self
+
+    class Handler(socketserver.BaseRequestHandler):
+      def handle(self):
+        self.request.settimeout(30)
+        try:
+          kind, payload = read_frame(self.request)
+          handler = service.handlers.get(kind)
+          if handler is None:
+            reply = encode(ERROR, f"unknown message type {kind}".encode())
+          else:
+            reply = encode(kind | REPLY, handler(payload))
+          self.request.sendall(reply)
+        except (OSError, struct.error, ValueError, KeyError) as e:
+          try:
+            self.request.sendall(encode(ERROR, str(e).encode()))
+          except OSError:
+            pass
+
+    self._server = _Server((host, port), Handler)
+    self.address = f"{host}:{self._server.server_address[1]}"
+    threading.Thread(target=self._server.serve_forever, daemon=True, name="peer-service").start()
+
+  def _answer_probe(self, payload: bytes) -> bytes:
+    asked = json.loads(payload)
+    if asked["to"] != self.me:
+      raise ValueError(f"probe for process {asked['to']} reached process {self.me}")
+    self.heard[int(asked["from"])] = time.time()
+    return json.dumps({"process": self.me}).encode()
+
+  def close(self) -> None:
+    self._server.shutdown()
+    self._server.server_close()
+
+
+def probe(address: str, me: int, peer: int, timeout_s: float) -> None:
+  """One probe of `peer` at `address`; PeerError unless process `peer` itself answers."""
+  body = request(address, PROBE, json.dumps({"from": me, "to": peer}).encode(), timeout_s)
+  if json.loads(body).get("process") != peer:
+    raise PeerError(f"{address}: answered by another process ({body[:100]!r})")
+
+
+def _own_host(coordinator: str) -> str:
+  """The address of the interface that routes to the coordinator (a UDP connect sends nothing)."""
+  host, port = coordinator.rsplit(":", 1)
+  family, _, _, _, where = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_DGRAM)[0]
+  with socket.socket(family, socket.SOCK_DGRAM) as s:
+    s.connect(where)
+    return s.getsockname()[0]
+
+
+_service: list[PeerService | None] = []  # Once started (or failed to), for the rest of the process.
+
+
+def service() -> PeerService | None:
+  """This process's peer service, started and published on the first call; None in a single-process run,
+  or where it cannot start (said in a warning: the job runs on without the link probes)."""
+  if jax.process_count() == 1:
+    return None
+  if _service:
+    return _service[0]
+  from jax._src import distributed
+
+  me = jax.process_index()
+  try:
+    coordinator = distributed.global_state.coordinator_address
+    host, port = _own_host(coordinator), port_for(me, int(coordinator.rsplit(":", 1)[1]))
+    try:
+      if port > 65535:
+        raise OSError(f"port {port} is past 65535")
+      started = PeerService(me, host, port)
+    except OSError as e:
+      started = PeerService(me, host, 0)
+      _warn(
+        f"the peer service of process {me} cannot listen on {host}:{port} ({e}); it listens on "
+        f"{started.address}: peers reach it there unless a firewall admits the scheme's ports only "
+        f"(set {PORT_BASE_ENV})"
+      )
+    distributed.global_state.client.key_value_set(f"peers/{me}", started.address, allow_overwrite=True)
+  except Exception as e:  # noqa: BLE001 - no coordinator address, no usable interface: probes off, not the run.
+    _warn(f"process {me} runs no peer service ({type(e).__name__}: {e}): links between processes go unprobed")
+    _service.append(None)
+    return None
+  _service.append(started)
+  return started
+
+
+def _warn(message: str) -> None:
+  print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def addresses() -> dict[int, str]:
+  """{process: HOST:PORT} of every peer service published so far."""
+  from trainer.cluster import multihost
+
+  rows = multihost.client().key_value_dir_get("peers/")
+  return {int(key.rsplit("/", 1)[1]): value for key, value in rows}
