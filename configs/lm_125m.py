@@ -57,7 +57,6 @@ def get_config(arg=None):
   c.checkpoint.every = 1_000
   c.checks.replica_every = 500  # And before every save: a device that computes wrong stops the run.
   c.checks.recompute_every = 500  # Where nothing is replicated (FSDP): 1.1-1.2 steps per check.
-  c.checks.first_step = True  # XLA's partitioning of the step checked on the real mesh at start.
   c.checkpoint.keep_every = 5_000
   c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.step_timeout_s = 600.0

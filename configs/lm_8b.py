@@ -41,7 +41,6 @@ def get_config(arg=None):
   c.model.loss_chunk = 256
   c.checkpoint.every = 500
   c.checks.recompute_every = 500  # Pure FSDP: no copies to compare; 1.1-1.2 steps per check.
-  c.checks.first_step = True  # XLA's partitioning of the step checked on the real mesh at start.
   c.watchdog.restore_timeout_s = 1_800.0
   c.watchdog.compile_timeout_s = 1_800.0
   c.watchdog.step_timeout_s = 900.0

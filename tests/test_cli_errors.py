@@ -99,7 +99,10 @@ def test_single_device_runs_the_same_code_path_and_caches_its_compilations_in_th
   assert os.listdir(tmp_path / "compilation_cache")  # A restart loads the compiled step from here.
   with open(tmp_path / "summary.json") as f:
     startup = json.load(f)["startup_s"]
-  assert set(startup) == {"imports", "build", "init", "compile"} and all(v >= 0 for v in startup.values())
+  # checks.first_step is on by default: on one device it says it cannot run, and costs nothing more.
+  assert "checks.first_step could not run: one device" in result.stdout
+  assert set(startup) == {"imports", "build", "init", "compile", "first_step_check"}
+  assert startup["first_step_check"] < 0.5 and all(v >= 0 for v in startup.values())
   assert startup["imports"] > 0.5  # JAX alone takes longer than that to import.
 
 

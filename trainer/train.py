@@ -108,11 +108,17 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     with clock.phase("compile", first) as phase:
       from_cache = _compile(run, start)
     run.startup["compile"] = phase.seconds
-    if config.checks.first_step and first < run.last_step and (first == 0 or start.layout_changed):
+    # Any process that sees another layout (its own XLA_FLAGS, say) makes every process check.
+    same_layout = first > 0 and not start.layout_changed
+    timeout_s = config.watchdog.startup_timeout_s
+    if (
+      config.checks.first_step
+      and first < run.last_step
+      and not multihost.all_agree("first_step_layout", same_layout, timeout_s)
+    ):
       with clock.phase("compile", first) as phase:  # The first step's two programs (the loop runs them).
-        run.first_train_step = first_step.FirstStepCheck(
-          comp, config, make_train_step, run.target, run.batch_spec
-        )
+        check = first_step.FirstStepCheck(comp, config, make_train_step, run.target, run.batch_spec)
+        run.first_train_step = check if check.other else None
       run.startup["first_step_check"] = phase.seconds
     run.devices = list(comp.mesh.devices.flat)
     run.device_label = device_label(run.devices)

@@ -117,16 +117,19 @@ def _on(tree, shardings):
 
 class FirstStepCheck:
   """Compiled at start-up (make_train_step's program with gradients and updates, under both layouts);
-  called as the loop's first step: (state, batch) -> (new state, metrics), the configured layout's."""
+  called as the loop's first step: (state, batch) -> (new state, metrics), the configured layout's.
+  `other` is None where no other layout is valid, distinct and fits: the loop's own step runs then."""
 
   def __init__(self, comp, config, make_train_step, state_shapes, batch_shapes):
-    self.comp, self.config = comp, config
+    self.comp, self.config, self.other = comp, config, None
     devices = list(comp.mesh.devices.flat)
     m = config.microbatches
+    if len(devices) == 1:
+      console("warning: checks.first_step could not run: one device has no other layout")
+      return
     with jax.set_mesh(comp.mesh):
       self.mine = make_train_step(comp, m, with_grads=True).lower(state_shapes, batch_shapes).compile()
-    mine_print = _fingerprint(self.mine)
-    self.other, skipped = None, []
+    mine_print, skipped = _fingerprint(self.mine), []
     for sizes, strategy in candidates(config, devices):
       label = f"mesh {dict(zip(mesh_lib.AXES, sizes, strict=True))} (strategy {strategy})"
       try:
@@ -161,9 +164,6 @@ class FirstStepCheck:
 
   def _checked_step(self, state, batch):
     other = self.other
-    if other is None:
-      state, metrics = self.mine(state, batch)
-      return state, _without_check_outputs(metrics)
     # Copies even where a sharding is the same: the configured step donates the originals.
     copies = jax.device_put(
       (state, batch), (other.comp.shardings, other.comp.batch_sharding), may_alias=False
