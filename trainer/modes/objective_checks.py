@@ -45,8 +45,18 @@ def skip(name: str, reason: str) -> Check:
 
 
 def _rel(a, b) -> float:
+  """|a - b| / |b|, or |a - b| itself where b is 0: a zero denominator gives no figure (it gave 2e+30)."""
   a, b = float(a), float(b)
-  return abs(a - b) / max(abs(b), 1e-30) if (a, b) != (0.0, 0.0) else 0.0
+  return abs(a - b) / abs(b) if b != 0.0 else abs(a)
+
+
+def _compared(name: str, a, b) -> str:
+  """'name a vs b (figure)', saying which figure _rel gave."""
+  a, b, figure = float(a), float(b), _rel(a, b)
+  how = (
+    f"{figure:.1e} relative" if b != 0.0 else f"relative n/a: zero over the examples; absolute {figure:.1e}"
+  )
+  return f"{name} {a:.6g} vs {b:.6g} ({how})"
 
 
 def _rows(batch: dict, rows) -> dict:
@@ -113,17 +123,37 @@ def _worst(a, b) -> float:
   return max([_rel(a[0], b[0]), _rel(a[1], b[1])] + [_rel(a[2][k], b[2][k]) for k in a[2]])
 
 
+def _quantities(a, b) -> list[tuple[str, float, float]]:
+  """(name, a's, b's) for each quantity loss_sums returns: the sum, the count and every metric."""
+  return [("loss_sum", a[0], b[0]), ("count", a[1], b[1])] + [(f"metric {k}", a[2][k], b[2][k]) for k in a[2]]
+
+
+ADDITIVITY_CAUSES = (
+  "loss_sums (1) returns a mean or normalizes by the batch size: return sums over valid elements; "
+  "(2) adds a term computed over the whole batch (batch statistics, in-batch negatives, a batch-mean "
+  "auxiliary loss): write a mean as a sum over valid elements, or, if coupling the examples is the "
+  "objective, declare COUPLES_EXAMPLES = True; (3) shares randomness across the examples (one key for "
+  "the batch): draw from rng's key per example (jax.vmap over rows)"
+)
+
+
 def additivity(calc: Calculation, step: int, valid, tol: float) -> Check:
+  """Each quantity over the batch against its sum over the valid examples one at a time; a FAIL names
+  the quantities that broke."""
   whole, added = calc.whole, _added([e for e, v in zip(calc.examples, valid, strict=True) if v])
+  found = sorted(((_rel(a, b), name, a, b) for name, a, b in _quantities(whole, added)), reverse=True)
+  broken = [q for q in found if not q[0] <= tol]  # (NaN is broken too.)
+  shown = broken or [q for q in found if q[1] in ("loss_sum", "count")]
+  compared = "; ".join(_compared(name, a, b) for _, name, a, b in shown)
+  names = ", ".join(name for _, name, _, _ in broken)
   return Check(
     "additivity",
     step,
-    _worst(whole, added),
+    max(q[0] for q in found),
     tol,
-    f"loss_sum {whole[0]:.6g} vs {added[0]:.6g} over {int(valid.sum())} examples one at a time; "
-    f"count {whole[1]:.6g} vs {added[1]:.6g}",
-    "loss_sums is not a sum over examples: it returns a mean or normalizes by the batch size; "
-    "return (sum over valid elements, their count, {metric: sum})",
+    f"over the batch vs the sum over its {int(valid.sum())} valid examples one at a time: "
+    + (f"broken: {compared}" if broken else compared),
+    f"{names or 'a quantity'} over a batch is not the sum over its examples: {ADDITIVITY_CAUSES}",
   )
 
 
@@ -172,7 +202,7 @@ def _worst_group(a, b) -> tuple[float, str]:
     d = groups.setdefault("/".join(keys[:-1]) or keys[-1], [0.0, 0.0])
     d[0] += float(np.sum((x - y) ** 2))
     d[1] += float(np.sum(y * y))
-  ratios = {g: np.sqrt(d) / max(np.sqrt(n), 1e-30) for g, (d, n) in groups.items()}
+  ratios = {g: np.sqrt(d) / np.sqrt(n) if n else np.sqrt(d) for g, (d, n) in groups.items()}  # (As _rel.)
   group = max(ratios, key=ratios.get)
   return float(ratios[group]), group
 
@@ -205,7 +235,8 @@ def rows_separate(whole: dict, pieces: list[dict], step: int) -> Check:
       worst, where = float("inf"), f"{k}: shape {joined.shape} vs {np.shape(v)}"
       continue
     a, b = np.asarray(joined, np.float64), np.asarray(v, np.float64)
-    diff = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30), initial=0.0))
+    scale = np.where(b == 0, 1.0, np.abs(b))  # Absolute where b is 0, as _rel.
+    diff = float(np.max(np.abs(a - b) / scale, initial=0.0))
     if diff > worst:
       worst, where = diff, f"{k} differs, worst element {diff:.1e} relative"
   return Check(
