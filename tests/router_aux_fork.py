@@ -1,10 +1,11 @@
 """A fork a researcher might write, for tests only: the LM with a router-like parameter (a linear map
-of the final hidden states to EXPERTS logits) whose only gradient comes from an auxiliary loss, a
-penalty on its logits' squares, weighted AUX_WEIGHT. `loss_sums` writes the auxiliary term as a sum
-over valid tokens, as the contract asks; `loss_sums_batch_mean` writes it the way a mixture-of-experts
-port often does, `xent_sum + 0.01 * aux_mean`: a mean over the batch, which weighs it 0.01 / N per
-token and shifts the loss by a few 1e-6 only, below verify's loss tolerance (--mode=verify catches it by
-the router's gradient). `install()` makes it the experiment `routed`, with the LM's keys."""
+of the final hidden states to EXPERTS logits, along its own logical axis `expert`) whose only gradient
+comes from an auxiliary loss, a penalty on its logits' squares, weighted AUX_WEIGHT. `loss_sums`
+writes the auxiliary term as a sum over valid tokens, as the contract asks; `loss_sums_batch_mean`
+writes it the way a mixture-of-experts port often does, `xent_sum + 0.01 * aux_mean`: a mean over the
+batch, which weighs it 0.01 / N per token and shifts the loss by a few 1e-6 only, below verify's loss
+tolerance (--mode=verify catches it by the router's gradient). `install()` makes it the experiment
+`routed`, with the LM's keys."""
 
 import sys
 
@@ -13,16 +14,17 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiments import lm, lm_keys
-from experiments.lm import LOGICAL_AXES, UNIT, check_config, data_sources, example_batch  # noqa: F401
+from experiments.lm import UNIT, check_config, data_sources, example_batch  # noqa: F401
 from model.layers import param
 
+LOGICAL_AXES = {**lm.LOGICAL_AXES, "expert": None}  # The router's own axis: replicated unless a rule says.
 EXPERTS = 4
 AUX_WEIGHT = 0.01
 
 
 class Router(nnx.Module):
   def __init__(self, embed_dim: int, rngs: nnx.Rngs):
-    self.kernel = param(rngs, nnx.initializers.normal(0.01), (embed_dim, EXPERTS), ("embed", None))
+    self.kernel = param(rngs, nnx.initializers.normal(0.01), (embed_dim, EXPERTS), ("embed", "expert"))
 
 
 class Routed(nnx.Module):

@@ -34,5 +34,13 @@ def test_gpu_check_runs_every_check_on_cpu_at_toy_sizes():
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   table = [line for line in r.stdout.splitlines() if line.startswith("| ")]
   checks = [line.split("|")[1].strip() for line in table[1:]]
-  assert checks == ["bf16_vs_fp32", "transfer", "checkpoint", "lm_125m", "memory", "recompute", "attention"], table
+  assert checks == [
+    "bf16_vs_fp32",
+    "transfer",
+    "checkpoint",
+    "lm_125m",
+    "memory",
+    "recompute",
+    "attention",
+  ], table
   assert all(line.rstrip().endswith("| ok |") for line in table[1:]), table
