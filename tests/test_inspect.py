@@ -199,3 +199,24 @@ def test_device_kinds_map_to_their_peak_and_memory():
   assert hardware.for_device_kind("cpu") is None and hardware.by_name("H200").memory_bytes == 141e9
   assert hardware.mfu(494.5e12, "NVIDIA H100 80GB HBM3", "gpu") == 0.5
   assert hardware.mfu(1e12, "cpu", "cpu") is None
+
+
+def test_inspect_notes_a_dimension_left_unsplit_because_an_earlier_one_took_its_mesh_axis(tmp_path, capsys):
+  """A rule putting `mlp` on fsdp, where `embed` already is: the MLP's (embed, mlp) weights can be split
+  over fsdp along embed only, and inspect says so beside them; the down projection (mlp, embed) along
+  mlp only."""
+  from trainer.modes.inspect import inspect
+
+  cfg = tiny_config(**{"sharding.rules": (("mlp", "fsdp"),)})
+  out = inspect(cfg, str(tmp_path))
+  notes = {p["path"]: p["notes"] for p in out["params"]}
+  up = next(
+    path for path, p in zip(notes, out["params"], strict=True) if p["logical_axes"] == ["embed", "mlp"]
+  )
+  assert notes[up] == [
+    "dimension 1 ('mlp') is not split over 'fsdp': dimension 0 ('embed') already is, and one mesh axis "
+    "cannot split two dimensions of one array"
+  ]
+  assert not notes["embed"]  # (vocab, embed): nothing taken twice.
+  printed = capsys.readouterr().out
+  assert f"  note: {up}: dimension 1 ('mlp') is not split over 'fsdp'" in printed, printed

@@ -130,3 +130,28 @@ def test_a_dimension_its_mesh_axes_do_not_divide_is_one_error_naming_the_paramet
   cfg = tiny_config(**{"model.num_heads": 4, "model.num_kv_heads": 1})
   with pytest.raises(UserError, match=r"parameter blocks/0/attn/wk has a dimension of 1, .*\('tensor',\)"):
     components.build(cfg)
+
+
+def test_a_rule_for_a_name_nothing_knows_is_an_error_naming_the_closest_one_the_model_lacks_a_warning(capsys):
+  """'experts' for the router fork's 'expert' would leave the router unsplit, silently; `layers` is a
+  preset's name, but this model (unscanned) has no such dimension."""
+  from errors import UserError
+  from tests import router_aux_fork
+
+  router_aux_fork.install()
+  cfg = tiny_config(**{"sharding.rules": (("experts", "tensor"),)})
+  cfg.unlock()
+  cfg.experiment = "routed"
+  cfg.lock()
+  with pytest.raises(
+    UserError, match=r"sharding.rules: 'experts' is no logical axis name .* did you mean 'expert'\?"
+  ):
+    components.build(cfg, with_data=False)
+  cfg.sharding.rules = (("expert", "tensor"), ("layers", None))
+  comp = components.build(cfg, with_data=False)
+  assert comp.shardings.params["router"]["kernel"].spec[1] == "tensor"
+  out = capsys.readouterr().out
+  assert "warning: sharding.rules: no parameter or variable of this model has a 'layers' dimension" in out, (
+    out
+  )
+  assert "'expert'" not in out

@@ -3,6 +3,7 @@ naming the broken property, for the classic mistakes a fork makes in its loss.""
 
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ import optax
 import pytest
 
 from experiments import lm
+from tests import router_aux_fork
 from tests.conftest import run_main, tiny_config
 from trainer.modes.verify import verify
 
@@ -53,6 +55,66 @@ def test_verify_fails_for_a_classic_fork_mistake_and_names_it(tmp_path, monkeypa
   assert any(line.startswith(broken) and "FAIL" in line for line in lines), "\n".join(lines)
   assert any("what it usually means" in line for line in lines)
   assert lines[-1].startswith("verify: FAIL (") and broken in lines[-1]
+
+
+_LM_LOSS = lm.loss_sums
+
+
+def _pairs_of_rows(model, batch, rng):
+  """The LM's loss with a metric over the whole batch: pairs of distinct valid rows, 0 for one row."""
+  loss_sum, count, metrics = _LM_LOSS(model, batch, rng)
+  rows = jnp.max(batch["weights"], axis=1)
+  return loss_sum, count, {**metrics, "pairs": jnp.sum(rows) ** 2 - jnp.sum(rows**2)}
+
+
+def test_an_additivity_fail_names_the_quantity_and_the_causes_and_no_figure_from_a_zero_sum(
+  tmp_path, monkeypatch, capsys
+):
+  """A metric over the whole batch is 0 for each example alone: the FAIL names it, says what a
+  coupled term is and what else breaks additivity, and prints no figure divided by that 0 (2e+30)."""
+  monkeypatch.setattr(lm, "loss_sums", _pairs_of_rows)
+  assert not verify(tiny_config(), str(tmp_path), steps=1)
+  lines = capsys.readouterr().out.splitlines()
+  at = next(i for i, line in enumerate(lines) if line.startswith("additivity"))
+  fail, meaning = lines[at], lines[at + 1]
+  assert (
+    "FAIL" in fail
+    and "broken: metric pairs" in fail
+    and "relative n/a: zero over the examples; absolute 2.4e+02" in fail
+  ), fail
+  assert "loss_sum" not in fail.split("broken:")[1].split("; gradient")[0]  # The loss and count add up.
+  for cause in ("metric pairs", "a mean", "COUPLES_EXAMPLES", "randomness", "key per example"):
+    assert cause in meaning, meaning
+  figures = [float(x) for x in re.findall(r"\d\.\de[+-]\d+", fail)]
+  assert figures and max(figures) < 1e6, fail  # The absolute difference: the rows' pairs, 240 for 16.
+
+
+@pytest.mark.slow
+def test_a_batch_mean_auxiliary_term_fails_additivity_by_its_gradient_and_its_sum_form_passes(
+  tmp_path, monkeypatch, capsys
+):
+  """tests/router_aux_fork.py: `xent_sum + 0.01 * aux_mean` shifts the loss by about 1e-6 (below the
+  loss tolerance, 1e-5) but its router's gradient over the whole batch is half the sum over the two
+  halves; verify FAILs it naming the router. `xent_sum + 0.01 * aux_sum` passes."""
+  router_aux_fork.install()
+  config = tiny_config()
+  config.unlock()
+  config.experiment = "routed"
+  config.lock()
+  monkeypatch.setattr(router_aux_fork, "loss_sums", router_aux_fork.loss_sums_batch_mean)
+  assert not verify(config, str(tmp_path / "mean"), steps=1)
+  lines = capsys.readouterr().out.splitlines()
+  at = next(i for i, line in enumerate(lines) if line.startswith("additivity"))
+  fail, meaning = lines[at], lines[at + 1]
+  shift = float(re.search(r"loss_sum \S+ vs \S+ \((\S+) relative\)", fail).group(1))
+  assert shift < 1e-5, fail  # The loss alone would pass.
+  assert "FAIL" in fail and "two halves: broken: router 1.0e+00" in fail, fail
+  assert "loss_sum's gradient for router" in meaning and "decoder" not in meaning, meaning
+  assert lines[-1] == "verify: FAIL (additivity)"
+  monkeypatch.undo()
+  assert verify(config, str(tmp_path / "sum"), steps=1)
+  lines = capsys.readouterr().out.splitlines()
+  assert any(line.startswith("additivity") and "PASS" in line for line in lines), lines
 
 
 def test_a_globally_empty_data_set_is_refused(tmp_path):

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from types import ModuleType
 
+import jax
 import optax
 from jax.sharding import Mesh, NamedSharding
 
@@ -101,6 +102,9 @@ def build(config, devices=None, with_data: bool = True) -> Components:
     mdef = state_lib.model_def(functools.partial(experiment.build_model, config))
   except ValueError as e:
     raise UserError(f"model: {e}") from None
+  traced = sharding_lib.traced_names(mdef.logical_specs, mdef.variable_specs)
+  for warning in sharding_lib.check_rule_names(config.sharding.rules, traced, experiment.LOGICAL_AXES):
+    _warn_once(warning)
   tx, schedule = make_optimizer(config.optimizer, config.steps, mdef.logical_specs)
   try:
     s = config.sharding
@@ -123,6 +127,15 @@ def build(config, devices=None, with_data: bool = True) -> Components:
     shardings=shardings,
     batch_sharding=mesh_lib.batch_sharding(mesh, rules),
   )
+
+
+_WARNED: set[str] = set()  # verify and inspect build several components from one config.
+
+
+def _warn_once(line: str) -> None:
+  if line not in _WARNED and jax.process_index() == 0:
+    _WARNED.add(line)
+    print(line, flush=True)
 
 
 def init_state(comp: Components, config) -> state_lib.TrainState:

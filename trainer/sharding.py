@@ -13,9 +13,11 @@ stay near total / N whatever axes a model names.
 
 The presets name the trainer's logical axes only. An experiment's model may use more: its
 LOGICAL_AXES maps each to the trainer name it is sharded like (or None: replicated). `sharding.rules`
-entries then replace the entry of the same logical name.
+entries then replace the entry of the same logical name, or put a new name on mesh axes; a name nothing
+knows is an error naming the closest (check_rule_names).
 """
 
+import difflib
 import math
 
 import jax
@@ -72,6 +74,58 @@ def resolve_rules(strategy: str, overrides, experiment_axes=None) -> tuple:
         raise UserError(f"sharding.rules: {name!r} -> {axis!r} is not a mesh axis {mesh_lib.AXES}")
     table[name] = axes
   return tuple(table.items())
+
+
+def check_rule_names(overrides, traced, experiment_axes=None) -> list[str]:
+  """`sharding.rules` names against those that can use them. One that neither the model's parameters
+  and variables (`traced`), the presets nor LOGICAL_AXES know would change nothing (a weight named
+  'expert' stays unsplit under a rule for 'experts'): an error naming the closest. One the presets or
+  LOGICAL_AXES know but no parameter or variable of this model carries (`layers` without scanned
+  layers) is a warning, returned; activation names (`batch`, `act_*`) are not warned about, since
+  only a forward pass shows them."""
+  known = set(traced) | {n for preset in PRESETS.values() for n, _ in preset} | set(experiment_axes or {})
+  warnings = []
+  for name, _ in overrides:
+    if name in traced:
+      continue
+    if name not in known:
+      close = difflib.get_close_matches(name, sorted(known), n=1)
+      hint = f"did you mean {close[0]!r}?" if close else f"the names: {sorted(known)}"
+      raise UserError(
+        f"sharding.rules: {name!r} is no logical axis name of this model, the presets or the "
+        f"experiment's LOGICAL_AXES, so its rule would split nothing; {hint}"
+      )
+    if name != "batch" and not name.startswith("act_"):
+      warnings.append(
+        f"warning: sharding.rules: no parameter or variable of this model has a {name!r} dimension "
+        "(e.g. 'layers' without model.scan_layers): its rule changes nothing"
+      )
+  return warnings
+
+
+def traced_names(*spec_trees) -> set[str]:
+  """The logical axis names in trees of logical PartitionSpecs (ModelDef.logical_specs, variable_specs)."""
+  leaves = jax.tree.leaves(spec_trees, is_leaf=lambda x: isinstance(x, P))
+  return {name for spec in leaves for entry in spec for name in mesh_axes(entry)}
+
+
+def unsplit_notes(logical_axes, rules, mesh_shape: dict) -> list[str]:
+  """Why a dimension is not split where its rule says: one mesh axis cannot split two dimensions of one
+  array, so model.partitioning.logical_to_spec leaves the later dimension unsplit over an axis an
+  earlier one took (a weight ('embed', 'mlp') with both mapped to fsdp is split along embed only).
+  One line per such dimension and axis (axes of size 1 split nothing either way: not noted)."""
+  table, used, notes = dict(rules), {}, []
+  for i, name in enumerate(logical_axes):
+    for axis in mesh_axes(table.get(name)) if name is not None else ():
+      if axis not in used:
+        used[axis] = (i, name)
+      elif mesh_shape.get(axis, 1) > 1:
+        j, earlier = used[axis]
+        notes.append(
+          f"dimension {i} ({name!r}) is not split over {axis!r}: dimension {j} ({earlier!r}) already is, "
+          "and one mesh axis cannot split two dimensions of one array"
+        )
+  return notes
 
 
 def shards_optimizer_over_batch(strategy: str) -> bool:

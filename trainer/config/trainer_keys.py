@@ -90,7 +90,7 @@ KEYS = {
     keys.FREE,
     'Overrides of the preset: (logical axis, mesh axes) pairs, e.g. (("mlp", None),). Model code names '
     "logical axes only: weights embed, mlp, heads, kv, norm; activations batch, act_*; and the "
-    "experiment's own (its LOGICAL_AXES).",
+    "experiment's own (its LOGICAL_AXES); a name none of these know is an error.",
   ),
   "sharding.fsdp_min_size": Key(
     2**14,

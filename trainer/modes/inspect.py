@@ -14,6 +14,7 @@ import numpy as np
 
 from errors import UserError
 from trainer import components, rundir
+from trainer import sharding as sharding_lib
 from trainer import state as state_lib
 from trainer.checkpoint import device_memory
 from trainer.observe import flops, hardware
@@ -81,6 +82,7 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
         "bytes_total": int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize,
         "bytes_per_device": device_memory.shard_bytes(leaf),
         "shards": [{"device_id": d.id, "index": _index(index_map[d], leaf.shape)} for d in devices],
+        "notes": sharding_lib.unsplit_notes(logical[path], comp.rules, dict(comp.mesh.shape)),
       }
     )
   opt_leaves = [leaf for _, leaf in _leaves(target.opt_state)]
@@ -174,6 +176,8 @@ def inspect(config, workdir: str, target_device: str | None = None) -> dict:
   for p in out["params"]:
     shape, axes, spec = (str(tuple(p[k])) for k in ("shape", "logical_axes", "spec"))
     console(f"{p['path']:<28} {shape:<16} {axes:<24} {spec:<28} {p['bytes_per_device']:>12,}")
+    for note in p["notes"]:
+      console(f"  note: {p['path']}: {note}")
   console(
     f"params {t['param_bytes']:,} B (max {t['param_bytes_per_device_max']:,} B/device); optimizer state "
     f"{t['opt_state_bytes']:,} B (max {t['opt_state_bytes_per_device_max']:,} B/device)"

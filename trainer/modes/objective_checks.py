@@ -1,7 +1,8 @@
 """The objective's properties, checked on one device without the trainer's step, microbatching or
 sharding: what --mode=verify asks of an experiment's loss_sums, in its own terms.
 
-  additivity     loss_sums over a batch = the sum of loss_sums over its valid examples one at a time
+  additivity     loss_sums over a batch = the sum of loss_sums over its valid examples one at a time,
+                 and the gradient of its loss_sum = the sum of the gradients over its two halves
   padding_inert  padding rows add nothing to the sum, the count or a metric
   one_division   the trained loss and gradient = jax.grad(sum of loss sums / sum of counts) over the
                  valid examples only
@@ -45,8 +46,18 @@ def skip(name: str, reason: str) -> Check:
 
 
 def _rel(a, b) -> float:
+  """|a - b| / |b|, or |a - b| itself where b is 0: a zero denominator gives no figure (it gave 2e+30)."""
   a, b = float(a), float(b)
-  return abs(a - b) / max(abs(b), 1e-30) if (a, b) != (0.0, 0.0) else 0.0
+  return abs(a - b) / abs(b) if b != 0.0 else abs(a)
+
+
+def _compared(name: str, a, b) -> str:
+  """'name a vs b (figure)', saying which figure _rel gave."""
+  a, b, figure = float(a), float(b), _rel(a, b)
+  how = (
+    f"{figure:.1e} relative" if b != 0.0 else f"relative n/a: zero over the examples; absolute {figure:.1e}"
+  )
+  return f"{name} {a:.6g} vs {b:.6g} ({how})"
 
 
 def _rows(batch: dict, rows) -> dict:
@@ -67,6 +78,9 @@ class Calculation:
   kept: tuple  # loss_sums over the valid rows only.
   loss: float  # sum of loss sums / sum of counts over the valid rows,
   grads: object  # and its gradient: the objective, written here once with jax.grad.
+  # The gradient of loss_sum over the valid rows, and the sum of its gradients over their two halves
+  # (None with fewer than 2 valid rows, or when not asked for).
+  sum_grads: tuple | None = None
 
 
 class Reference:
@@ -87,8 +101,9 @@ class Reference:
     one = lambda params, v, row, key: sums(params, v, jax.tree.map(lambda x: x[None], row), key[None])
     self._examples = jax.jit(jax.vmap(one, in_axes=(None, None, 0, 0)))
     self._loss_and_grad = jax.jit(jax.value_and_grad(mean_loss, has_aux=True))
+    self._sum_grad = jax.jit(jax.grad(lambda *args: sums(*args)[0]))
 
-  def calculate(self, params, variables, batch, rng, valid) -> Calculation:
+  def calculate(self, params, variables, batch, rng, valid, halves: bool = True) -> Calculation:
     put = lambda tree: jax.device_put(tree, self.device)
     params, variables = put(params), put(variables)
     examples = jax.device_get(self._examples(params, variables, put(batch), put(rng)))
@@ -98,7 +113,14 @@ class Reference:
       kept_rows = (put(_rows(batch, valid)), put(rng[valid]))
       (loss, kept), grads = self._loss_and_grad(params, variables, *kept_rows)
     per_row = [_as_float(jax.tree.map(lambda x, i=i: x[i], examples)) for i in range(len(valid))]
-    return Calculation(_as_float(whole), per_row, _as_float(kept), float(loss), jax.device_get(grads))
+    sum_grads = None
+    rows = np.flatnonzero(valid)
+    if halves and len(rows) > 1:  # Two halves, not every example: two gradients' memory, whatever B.
+      grad = lambda rows: self._sum_grad(params, variables, put(_rows(batch, rows)), put(rng[rows]))
+      first, second = grad(rows[: len(rows) // 2]), grad(rows[len(rows) // 2 :])
+      sum_grads = jax.device_get((grad(rows), jax.tree.map(lambda a, b: a + b, first, second)))
+    grads = jax.device_get(grads)
+    return Calculation(_as_float(whole), per_row, _as_float(kept), float(loss), grads, sum_grads)
 
 
 def _added(parts):
@@ -113,17 +135,62 @@ def _worst(a, b) -> float:
   return max([_rel(a[0], b[0]), _rel(a[1], b[1])] + [_rel(a[2][k], b[2][k]) for k in a[2]])
 
 
-def additivity(calc: Calculation, step: int, valid, tol: float) -> Check:
+def _quantities(a, b) -> list[tuple[str, float, float]]:
+  """(name, a's, b's) for each quantity loss_sums returns: the sum, the count and every metric."""
+  return [("loss_sum", a[0], b[0]), ("count", a[1], b[1])] + [(f"metric {k}", a[2][k], b[2][k]) for k in a[2]]
+
+
+ADDITIVITY_CAUSES = (
+  "loss_sums (1) returns a mean or normalizes by the batch size: return sums over valid elements; "
+  "(2) adds a term computed over the whole batch (batch statistics, in-batch negatives, a batch-mean "
+  "auxiliary loss): write a mean as a sum over valid elements, or, if coupling the examples is the "
+  "objective, declare COUPLES_EXAMPLES = True; (3) shares randomness across the examples (one key for "
+  "the batch): draw from rng's key per example (jax.vmap over rows)"
+)
+
+
+def additivity(calc: Calculation, step: int, valid, tols) -> Check:
+  """Each quantity over the batch against its sum over the valid examples one at a time, and the
+  gradient of loss_sum over the valid rows against the sum of its gradients over their two halves, per
+  parameter group. The gradient catches a term that does not scale with the batch even where its
+  share of the loss is below the loss tolerance: `xent_sum + 0.01 * aux_mean` weighs the auxiliary
+  term 0.01 / N per example, a shift of 1e-6 in the loss, yet the halves' gradients hold it twice, so
+  the group it alone moves (a router) differs by its whole size. A FAIL names what broke."""
+  loss_tol, grad_tol = tols
   whole, added = calc.whole, _added([e for e, v in zip(calc.examples, valid, strict=True) if v])
+  found = sorted(((_rel(a, b), name, a, b) for name, a, b in _quantities(whole, added)), reverse=True)
+  broken = [q for q in found if not q[0] <= loss_tol]  # (NaN is broken too.)
+  shown = broken or [q for q in found if q[1] in ("loss_sum", "count")]
+  compared = "; ".join(_compared(name, a, b) for _, name, a, b in shown)
+  figure, tolerance = max(q[0] for q in found), loss_tol
+  detail = f"over the batch vs the sum over its {int(valid.sum())} valid examples one at a time: "
+  detail += f"broken: {compared}" if broken else compared
+  names = [name for _, name, _, _ in broken]
+  grads_ok = True
+  if calc.sum_grads is not None:
+    ratios = _group_ratios(calc.sum_grads[1], calc.sum_grads[0])  # Relative to the whole batch's.
+    groups = sorted((g for g in ratios if not ratios[g] <= grad_tol), key=ratios.get, reverse=True)
+    worst = max(ratios, key=ratios.get)
+    grads_ok = not groups
+    if groups:
+      said = "broken: " + ", ".join(f"{g} {ratios[g]:.1e}" for g in groups)
+    else:
+      said = f"worst group {worst} {ratios[worst]:.1e}"
+    detail += (
+      f"; gradient of loss_sum over the valid rows vs the sum over their two halves: {said} "
+      f"(|g - g_halves| / |g| per group, tolerance {grad_tol:g})"
+    )
+    names += [f"loss_sum's gradient for {', '.join(groups)}"] if groups else []
+    if groups and not broken:  # The gradient alone broke it: its figure heads the line.
+      figure, tolerance = ratios[groups[0]], grad_tol
   return Check(
     "additivity",
     step,
-    _worst(whole, added),
-    tol,
-    f"loss_sum {whole[0]:.6g} vs {added[0]:.6g} over {int(valid.sum())} examples one at a time; "
-    f"count {whole[1]:.6g} vs {added[1]:.6g}",
-    "loss_sums is not a sum over examples: it returns a mean or normalizes by the batch size; "
-    "return (sum over valid elements, their count, {metric: sum})",
+    figure,
+    tolerance,
+    detail,
+    f"{' and '.join(names) or 'a quantity'} over a batch is not the sum over its parts: {ADDITIVITY_CAUSES}",
+    also_ok=grads_ok,
   )
 
 
@@ -163,8 +230,8 @@ def one_division(calc: Calculation, step: int, trained_loss, trained_grads, tols
   )
 
 
-def _worst_group(a, b) -> tuple[float, str]:
-  """Worst |a - b| / |b| over parameter groups (module paths)."""
+def _group_ratios(a, b) -> dict[str, float]:
+  """|a - b| / |b| per parameter group (module path); |a - b| where b is 0, as _rel."""
   groups: dict[str, list[float]] = {}
   for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True):
     keys = state_lib.path_keys(path)
@@ -172,9 +239,14 @@ def _worst_group(a, b) -> tuple[float, str]:
     d = groups.setdefault("/".join(keys[:-1]) or keys[-1], [0.0, 0.0])
     d[0] += float(np.sum((x - y) ** 2))
     d[1] += float(np.sum(y * y))
-  ratios = {g: np.sqrt(d) / max(np.sqrt(n), 1e-30) for g, (d, n) in groups.items()}
+  return {g: float(np.sqrt(d) / np.sqrt(n) if n else np.sqrt(d)) for g, (d, n) in groups.items()}
+
+
+def _worst_group(a, b) -> tuple[float, str]:
+  """The worst of _group_ratios, and its group."""
+  ratios = _group_ratios(a, b)
   group = max(ratios, key=ratios.get)
-  return float(ratios[group]), group
+  return ratios[group], group
 
 
 def device_count(grad_norms: dict[int, float], step: int, tol: float) -> Check:
@@ -205,7 +277,8 @@ def rows_separate(whole: dict, pieces: list[dict], step: int) -> Check:
       worst, where = float("inf"), f"{k}: shape {joined.shape} vs {np.shape(v)}"
       continue
     a, b = np.asarray(joined, np.float64), np.asarray(v, np.float64)
-    diff = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30), initial=0.0))
+    scale = np.where(b == 0, 1.0, np.abs(b))  # Absolute where b is 0, as _rel.
+    diff = float(np.max(np.abs(a - b) / scale, initial=0.0))
     if diff > worst:
       worst, where = diff, f"{k} differs, worst element {diff:.1e} relative"
   return Check(

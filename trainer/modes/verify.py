@@ -108,10 +108,10 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
     if t == padded:
       norms.update({1: float(m_one["grad_norm"]), sharded.mesh.size: float(m_mesh["grad_norm"])})
     rng = np.asarray(example_keys(jnp.asarray(initial.rng), t, b))  # The keys the step drew.
-    calc = reference.calculate(params, variables, batch, rng, valid)
+    calc = reference.calculate(params, variables, batch, rng, valid, halves=not coupled)
     tols = (loss_tol, ratio_tol)
     checks += [
-      objective_checks.additivity(calc, t + 1, valid, loss_tol) if not coupled else None,
+      objective_checks.additivity(calc, t + 1, valid, tols) if not coupled else None,
       objective_checks.padding_inert(calc, t + 1, valid, loss_tol),
       objective_checks.one_division(calc, t + 1, m_mesh["loss"], m_mesh["grads"], tols),
       objective_checks.rows_separate(batch, [piece(t) for piece in pieces], t + 1) if b > 1 else None,
