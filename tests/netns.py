@@ -98,16 +98,21 @@ def two_hosts(resolve_hostname: bool = True, subnet: int = 0):
       for i, ns in enumerate(hosts.namespaces):
         _run("ip", "link", "set", ends[i], "netns", ns)
         hosts.ip(i, "link", "set", ends[i], "name", LINK)
-        hosts.ip(i, "addr", "add", f"{hosts.addresses[i]}/24", "dev", hosts.links[i])
-        hosts.ip(i, "link", "set", hosts.links[i], "up")
-        hosts.ip(i, "link", "set", "lo", "up")
-        if resolve_hostname:
-          _resolve_hostname_to(ns, hosts.addresses[i])
+        _address(hosts, i, resolve_hostname)
     except (OSError, subprocess.SubprocessError) as e:
       _skip(e)
     yield hosts
   finally:
     _remove(made)
+
+
+def _address(hosts, i: int, resolve_hostname: bool) -> None:
+  """Host i's link up with its address (and loopback), its host name resolving to that address."""
+  hosts.ip(i, "addr", "add", f"{hosts.addresses[i]}/24", "dev", hosts.links[i])
+  hosts.ip(i, "link", "set", hosts.links[i], "up")
+  hosts.ip(i, "link", "set", "lo", "up")
+  if resolve_hostname:
+    _resolve_hostname_to(hosts.namespaces[i], hosts.addresses[i])
 
 
 @contextlib.contextmanager
@@ -134,10 +139,7 @@ def bridged_hosts(n: int = 3, subnet: int = 2):
         port = f"p{i}"
         _run("ip", "-n", switch, "link", "add", port, "type", "veth", "peer", "name", LINK, "netns", ns)
         _run("ip", "-n", switch, "link", "set", port, "master", "br0", "up")
-        hosts.ip(i, "addr", "add", f"{hosts.addresses[i]}/24", "dev", LINK)
-        hosts.ip(i, "link", "set", LINK, "up")
-        hosts.ip(i, "link", "set", "lo", "up")
-        _resolve_hostname_to(ns, hosts.addresses[i])
+        _address(hosts, i, resolve_hostname=True)
     except (OSError, subprocess.SubprocessError) as e:
       _skip(e)
     yield hosts
