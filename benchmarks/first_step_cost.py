@@ -57,7 +57,7 @@ def main():
   _, batch = components.build_for_compile(config, devices)
   mine = None
   for label, sizes, strategy in [("configured", None, None)] + [
-    ("candidate", s, k) for s, k in first_step.candidates(config, devices)
+    ("candidate", s, k) for s, k in first_step.candidates(devices)
   ]:
     cfg = config if sizes is None else first_step.other_config(config, sizes, strategy)
     try:

@@ -72,6 +72,7 @@ from data.tokenizers import (
   train_bpe,
 )
 from errors import UserError
+from trainer.cluster import exit_codes
 
 # Re-exported (SPLITS from data/prepare_shards.py): the readers of an output and the tests use these names.
 __all__ = ["BYTE_VOCAB_SIZE", "EOS_ID", "PAD_ID", "SPLITS", "decode", "decode_documents", "prepare"]
@@ -304,7 +305,7 @@ def _define_flags():
 
 def _fail(message: str):
   print("error: " + " ".join(str(message).split()), file=sys.stderr)
-  sys.exit(2)
+  sys.exit(exit_codes.USER_EXIT)
 
 
 def _parse_flags(argv):

@@ -14,6 +14,8 @@ import re
 import shutil
 import sys
 
+from trainer.cluster import exit_codes
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The config each shipped experiment is forked with: its smoke config on 8 logical CPU devices.
 START_CONFIGS = {"lm": "configs/smoke_cpu.py", "vit": "configs/vit_smoke_cpu.py"}
@@ -90,7 +92,7 @@ def main(argv=None) -> int:
     paths = fork(args.name, args.source, args.config)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
-    return 2
+    return exit_codes.USER_EXIT
   config = paths[-1]
   run = f".venv/bin/python main.py --cpu_devices=8 --config={config}"
   print(f"wrote {', '.join(paths)}. Next:")

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trainer.cluster import exit_codes
+
 
 def generate(logits_of, prompt, new_tokens: int, temperature: float, key, vocab_size: int, banned=()):
   """prompt int32[B, P] -> int32[B, P + new_tokens]. `logits_of` maps tokens [B, L] to logits
@@ -100,7 +102,7 @@ def main(argv=None) -> None:
       raise UserError("--prompt is empty: give at least one token to start from")
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(exit_codes.USER_EXIT)
   prompt = jnp.asarray(np.tile(np.asarray(ids, np.int32), (args.samples, 1)))
   out = np.asarray(fn(prompt, jax.random.PRNGKey(args.seed), args.tokens, args.temperature))
   print(f"checkpoint {run.step} of {args.workdir}, temperature {args.temperature}:")

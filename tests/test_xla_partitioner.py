@@ -86,17 +86,19 @@ def test_the_check_passes_where_xla_is_right_and_runs_again_after_a_restore_onto
 
 def test_another_layout_is_another_program_and_an_invalid_one_is_skipped(tmp_path, capsys):
   """The candidate dp over (8, 1, 1) compiles to the configured program: the check takes the next
-  layout (it compares programs, not labels). A candidate the config cannot run (global_batch_size=12
-  over 8 data-parallel devices) is skipped, not an error about a mesh the user never asked for."""
+  layout (it compares programs, not labels), beside the recompute check on every later step. A
+  candidate the config cannot run (global_batch_size=12 over 8 data-parallel devices) is skipped, not
+  an error about a mesh the user never asked for."""
   train(
     tiny_config(
-      steps=1,
+      steps=2,
       **{
         "checks.first_step": True,
         "mesh.data": 8,
         "mesh.fsdp": 1,
         "mesh.tensor": 1,
         "sharding.strategy": "dp",
+        "checks.recompute_every": 1,  # The checked first step is another program: not recomputed.
       },
     ),
     str(tmp_path / "a"),

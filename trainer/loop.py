@@ -107,9 +107,12 @@ class Loop:
       if run.comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
         raise empty_batch_error(t)
       t1 = time.time()
-      copied = self.checks.copy_if_due(self.step + 1, self.state, batch)  # Before the step donates the state.
-      # The run's first step is checks.first_step's when it is on (trainer/cluster/first_step.py).
+      # The run's first step is checks.first_step's when it is on (trainer/cluster/first_step.py): another
+      # program than the loop's, so the recompute check, which compares bits, does not take that step.
       step_fn, run.first_train_step = run.first_train_step or run.train_step, None
+      copied = None
+      if step_fn is run.train_step:
+        copied = self.checks.copy_if_due(self.step + 1, self.state, batch)  # Before the step donates it.
       with self.profile.annotation(self.step + 1):
         self.state, metrics = step_fn(self.state, batch)
       self.step += 1

@@ -93,7 +93,8 @@ def check_rule_names(overrides, traced, experiment_axes=None) -> list[str]:
       hint = f"did you mean {close[0]!r}?" if close else f"the names: {sorted(known)}"
       raise UserError(
         f"sharding.rules: {name!r} is no logical axis name of this model, the presets or the "
-        f"experiment's LOGICAL_AXES, so its rule would split nothing; {hint}"
+        f"experiment's LOGICAL_AXES, so its rule would split nothing; {hint} (a name only the model's "
+        "activations use is declared in the experiment's LOGICAL_AXES)"
       )
     if name != "batch" and not name.startswith("act_"):
       warnings.append(

@@ -117,8 +117,11 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
       and not multihost.all_agree("first_step_layout", same_layout, timeout_s)
     ):
       with clock.phase("compile", first) as phase:  # The first step's two programs (the loop runs them).
-        check = first_step.FirstStepCheck(comp, config, make_train_step, run.target, run.batch_spec)
+        check = first_step.FirstStepCheck(
+          comp, config, make_train_step, run.target, run.batch_spec, resumed=first > 0
+        )
         run.first_train_step = check if check.other else None
+        del check  # Its programs live only until the first step has run.
       run.startup["first_step_check"] = phase.seconds
     run.devices = list(comp.mesh.devices.flat)
     run.device_label = device_label(run.devices)

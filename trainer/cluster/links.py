@@ -84,9 +84,9 @@ class Links:
           peers.probe(address, self.me, peer, self._probe_timeout_s)
           with self._lock:
             self._ok[peer] = time.time()
-        except peers.PeerError as e:
+        except Exception as e:  # noqa: BLE001 - PeerError, or a reply that does not parse: the link failed.
           with self._lock:
-            self._failed[peer] = (time.time(), str(e))
+            self._failed[peer] = (time.time(), str(e) if isinstance(e, peers.PeerError) else repr(e))
       self._stop.wait(max(0.0, self.interval_s - (time.time() - began)))
 
   def cut(self, now: float, answering) -> str | None:
