@@ -8,14 +8,15 @@ step, from a copy of the same state and batch, runs once more under another layo
 devices: the first candidate (data-parallel over every device, pure FSDP, FSDP over half with data or
 tensor over two) that is valid for this config, compiles to a different program (another HLO
 fingerprint: labels that differ but partition alike check nothing) and fits the devices' free memory.
-Both are one objective, so the gradients and updates of every parameter group agree to verify's
-tolerances unless XLA partitioned one of them wrongly (a missing all-reduce, say:
-tests/xla_repro_fork.py). Comparing gradients matters: AdamW's first update is about lr * sign(g) and
-clipping rescales, so a uniformly scaled gradient would leave the params equal.
+Both are one objective, so the gradients of every parameter group agree to verify's tolerance, and
+their updates to UPDATE_FACTOR times it, unless XLA partitioned one of them wrongly (a missing
+all-reduce, say: tests/xla_repro_fork.py). Comparing gradients matters: AdamW's first update is about
+lr * sign(g) and clipping rescales, so a uniformly scaled gradient would leave the params equal.
 
 A disagreement ends the run with one line naming the groups and exit 6 (never restarted: the same
 program fails the same way; another mesh or sharding.rules avoids it). A first step that is not
-finite under either layout is no question of partitioning: its own line and exit 7. Where no other
+finite under either layout is no question of partitioning: its own line and exit 7 (after a restore,
+checkpoint.on_nonfinite decides, as at any step). Where no other
 layout is valid, distinct and fits, the start-up line says the check could not run and why.
 """
 
@@ -37,8 +38,8 @@ from trainer.observe.metrics import console
 # The updates' tolerance, in multiples of the gradients': Adam's first update divides each gradient
 # element by its own magnitude, so where |g| is near epsilon a last-bit difference of the gradient
 # moves the update by far more (the BatchNorm fork's norm scale: 2.2e-3 between (2, 2, 2) and dp in
-# float32, its gradients 1e-7 apart). A miscompiled update (a missing gather or reduction) is off by
-# order 1.
+# float32, its gradients within verify's 1e-3). A miscompiled update (a missing gather or reduction)
+# is off by order 1: at most 0.1 (bfloat16).
 UPDATE_FACTOR = 10
 
 
