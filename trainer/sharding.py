@@ -112,19 +112,20 @@ def traced_names(*spec_trees) -> set[str]:
 
 def unsplit_notes(logical_axes, rules, mesh_shape: dict) -> list[str]:
   """Why a dimension is not split where its rule says: one mesh axis cannot split two dimensions of one
-  array, so model.partitioning.logical_to_spec leaves the later dimension unsplit over an axis an
-  earlier one took (a weight ('embed', 'mlp') with both mapped to fsdp is split along embed only).
-  One line per such dimension and axis (axes of size 1 split nothing either way: not noted)."""
-  table, used, notes = dict(rules), {}, []
+  array, so logical_to_spec leaves the later dimension unsplit over an axis an earlier one took (a
+  weight ('embed', 'mlp') with both mapped to fsdp is split along embed only). One line per such
+  dimension and axis (axes of size 1 split nothing either way: not noted)."""
+  table = dict(rules)
+  kept = [mesh_axes(entry) for entry in logical_to_spec(logical_axes, rules)]
+  holder = {axis: j for j, axes in enumerate(kept) for axis in axes}
+  notes = []
   for i, name in enumerate(logical_axes):
     for axis in mesh_axes(table.get(name)) if name is not None else ():
-      if axis not in used:
-        used[axis] = (i, name)
-      elif mesh_shape.get(axis, 1) > 1:
-        j, earlier = used[axis]
+      if axis not in kept[i] and mesh_shape.get(axis, 1) > 1:
+        j = holder[axis]
         notes.append(
-          f"dimension {i} ({name!r}) is not split over {axis!r}: dimension {j} ({earlier!r}) already is, "
-          "and one mesh axis cannot split two dimensions of one array"
+          f"dimension {i} ({name!r}) is not split over {axis!r}: dimension {j} ({logical_axes[j]!r}) "
+          "already is, and one mesh axis cannot split two dimensions of one array"
         )
   return notes
 
