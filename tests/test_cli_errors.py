@@ -1,5 +1,6 @@
 """Mistakes a user can make end the process non-zero with one `error:` line, not a traceback."""
 
+import errno
 import subprocess
 import sys
 
@@ -116,8 +117,10 @@ def test_a_full_disk_is_one_line_naming_the_space_and_restartable(tmp_path):
 
   mount = tmp_path / "small"
   mount.mkdir()
+  # Room for the run's own ~1 MB with margin, and small pages: a host whose shmem default is huge pages
+  # rounds each small file up to 2 MB. CI once found an 8 MB mount full before the filler opened.
   if subprocess.run(
-    ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True
+    ["mount", "-t", "tmpfs", "-o", "size=32m,huge=never", "tmpfs", str(mount)], capture_output=True
   ).returncode:
     pytest.skip("cannot mount a tmpfs here (needs root)")
   try:
@@ -133,16 +136,17 @@ def test_a_full_disk_is_one_line_naming_the_space_and_restartable(tmp_path):
     for w in (workdir, reference):
       assert run(w, "--config.steps=2").returncode == 0
     filler = mount / "filler"
-    with open(filler, "wb") as f:  # Every byte left, as another job's output would.
-      try:
+    used = subprocess.run(["du", "-ab", str(workdir)], capture_output=True, text=True).stdout
+    try:  # Every byte left, as another job's output would; a disk the run itself filled is full already.
+      with open(filler, "wb") as f:
         while f.write(b"\0" * 65536):
           f.flush()
-      except OSError:
-        pass
+    except OSError as e:
+      assert e.errno == errno.ENOSPC, e
     metrics = (workdir / "metrics.jsonl").read_text()
     full = run(workdir)
     errors = [line for line in full.stderr.splitlines() if line.startswith("error:")]
-    assert full.returncode == 3 and len(errors) == 1, full.stderr[-3000:]
+    assert full.returncode == 3 and len(errors) == 1, full.stderr[-3000:] + used[-3000:]
     assert "no space left on the disk of" in errors[0] and "a checkpoint of this run takes" in errors[0]
     assert "Traceback" not in full.stderr
     assert proof.verify(str(workdir / "checkpoints" / "2")) is True
