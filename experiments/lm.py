@@ -51,6 +51,20 @@ def check_config(config) -> None:
     raise UserError(f"model.attention='cudnn' needs GPUs (this run has {jax.default_backend()}): use 'xla'")
   if m.loss_chunk and config.data.seq_len % m.loss_chunk:
     raise UserError(f"model.loss_chunk={m.loss_chunk} must divide data.seq_len={config.data.seq_len}")
+  _check_moe(m)
+
+
+def _check_moe(m) -> None:
+  e = m.moe
+  if not e.num_experts:
+    return
+  if e.top_k > e.num_experts:
+    raise UserError(f"model.moe.top_k={e.top_k} must be at most model.moe.num_experts={e.num_experts}")
+  if e.first_dense >= m.num_layers:
+    raise UserError(
+      f"model.moe.first_dense={e.first_dense} must be below model.num_layers={m.num_layers}: at least "
+      "one block routes"
+    )
 
 
 def build_model(config, rngs: nnx.Rngs) -> Decoder:
@@ -74,7 +88,28 @@ def build_model(config, rngs: nnx.Rngs) -> Decoder:
     scale_tied_embeddings=m.scale_tied_embeddings,
     z_loss=m.z_loss,
     loss_chunk=m.loss_chunk,
+    moe=moe_args(m),
+    first_dense=m.moe.first_dense,
+    balance_loss=m.moe.balance_loss,
+    router_z_loss=m.moe.router_z_loss,
     rngs=rngs,
+  )
+
+
+def moe_args(m) -> dict | None:
+  """model.moe.* as model/moe.MoE's keyword arguments; None for a dense model."""
+  e = m.moe
+  if not e.num_experts:
+    return None
+  return dict(
+    num_experts=e.num_experts,
+    top_k=e.top_k,
+    expert_dim=e.expert_dim or m.mlp_dim,
+    shared_dim=e.shared_dim,
+    score=e.score,
+    renormalize=e.renormalize,
+    routing=e.routing,
+    capacity_factor=e.capacity_factor,
   )
 
 
@@ -90,23 +125,48 @@ def rope_scaling(m) -> RopeScaling | None:
 
 
 def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None, config=None):
-  """Sum of next-token cross-entropy over valid tokens (in training plus z-loss: evaluation, whose
-  `rng` is None, reports the cross-entropy the loss floor is comparable with), the valid-token count,
-  and metric sums. Deterministic otherwise. The model carries model.z_loss and model.loss_chunk. From
-  a mixture, each source's share of the valid tokens, `share_NAME`."""
-  h = model.hidden(batch["inputs"], batch.get("positions"), batch.get("segment_ids"))  # [B, L, D]
+  """Sum of next-token cross-entropy over valid tokens (in training plus z-loss and a mixture of
+  experts' auxiliary losses: evaluation, whose `rng` is None, reports the cross-entropy the loss floor
+  is comparable with), the valid-token count, and metric sums. Deterministic otherwise. The model
+  carries model.z_loss, model.loss_chunk and model.moe's loss weights. From a mixture, each source's
+  share of the valid tokens, `share_NAME`."""
   w = batch["weights"]  # [B, L]; 0 for padding rows and padding tokens.
+  h, aux = model.hidden_and_aux(batch["inputs"], batch.get("positions"), batch.get("segment_ids"), w)
   z_loss = model.z_loss if rng is not None else 0.0
   sums = losses.token_sums(model.logits, h, batch["targets"], w, chunk=model.loss_chunk, z_loss=z_loss)
   metrics = {"accuracy": sums["correct"]}
   if z_loss:
     metrics.update(xent=sums["xent"], z_loss=sums["z_loss"])
+  total = sums["xent"] + sums.get("z_loss", 0.0)
+  if aux is not None:
+    aux_loss, aux_metrics = moe_sums(aux, model)
+    metrics.update(aux_metrics, xent=sums["xent"])
+    if rng is not None:
+      total = total + aux_loss
   if "source" in batch and config is not None:
     from data import mixture
 
     for k, name in enumerate(mixture.names(config.data.mixture)):
       metrics[f"share_{name}"] = jnp.sum(w * (batch["source"][:, None] == k))
-  return sums["xent"] + sums.get("z_loss", 0.0), jnp.sum(w), metrics
+  return total, jnp.sum(w), metrics
+
+
+def moe_sums(aux: dict, model: Decoder) -> tuple[jax.Array, dict]:
+  """The MoE layers' auxiliary sums (model/moe.py; over valid tokens, added up over layers) -> the loss
+  term (model.moe.balance_loss and router_z_loss times their mean over layers: per token, once divided
+  by the valid count) and metric sums, each a per-token mean once divided: moe_balance (1.0 when
+  balanced), router_z, router_entropy (nats), moe_dropped (the share of assignments dropped) and
+  expert_load_NN (expert NN's share of the assignments; 1 / num_experts when balanced)."""
+  mean = {k: v / model.moe_layers for k, v in aux.items()}
+  loss = model.balance_loss * mean["balance"] + model.router_z_loss * mean["router_z"]
+  metrics = {
+    "moe_balance": mean["balance"],
+    "router_z": mean["router_z"],
+    "router_entropy": mean["router_entropy"],
+    "moe_dropped": mean["dropped"],
+  }
+  metrics.update({f"expert_load_{e:02d}": mean["load"][e] for e in range(mean["load"].shape[0])})
+  return loss, metrics
 
 
 def pretrained_keys(path: str) -> dict:
@@ -241,9 +301,14 @@ def model_flops_per_example(config, param_count: int) -> float:
   """Forward and backward FLOPs of one sequence: 6 per matmul parameter per token, plus attention's
   scores and mixing, 12 x layers x attention width (heads x head_dim) x seq_len per token (PaLM's
   appendix B count: the full square, though causal kernels may skip half). The embedding lookup is
-  no matmul; a tied table is still one, as the output projection."""
+  no matmul; a tied table is still one, as the output projection. A mixture of experts counts the
+  parameters a token uses: top_k of its experts (whatever the routing computes)."""
   m, seq = config.model, config.data.seq_len
   matmul_params = param_count - (0 if m.tie_embeddings else m.vocab_size * m.embed_dim)
+  if m.moe.num_experts:
+    expert = 3 * m.embed_dim * (m.moe.expert_dim or m.mlp_dim)
+    idle = (m.num_layers - m.moe.first_dense) * (m.moe.num_experts - m.moe.top_k) * expert
+    matmul_params -= idle
   width = m.num_heads * (m.head_dim or m.embed_dim // m.num_heads)
   return seq * (6 * matmul_params + 12 * m.num_layers * width * seq)
 

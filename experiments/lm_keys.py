@@ -114,6 +114,65 @@ KEYS = {
     "Positions per piece of the sequence whose logits exist at once in the loss (0: the whole sequence); "
     "must divide data.seq_len. For a large vocabulary: [batch, loss_chunk, vocab] float32 at a time.",
   ),
+  "model.moe.num_experts": Key(
+    0,
+    whole(0),
+    keys.MODEL,
+    "Routed experts per mixture-of-experts MLP (model/moe.py); 0: every MLP dense. WORKSPACE 'Train a "
+    "mixture of experts'.",
+  ),
+  "model.moe.top_k": Key(2, whole(1), keys.MODEL, "Experts each token is routed to."),
+  "model.moe.expert_dim": Key(
+    0, whole(0), keys.MODEL, "Hidden width of each routed expert; 0: model.mlp_dim."
+  ),
+  "model.moe.shared_dim": Key(
+    0,
+    whole(0),
+    keys.MODEL,
+    "Hidden width of the shared experts every token passes through (summed); 0: none.",
+  ),
+  "model.moe.first_dense": Key(
+    0,
+    whole(0),
+    keys.MODEL,
+    "The first this many blocks keep a dense MLP of model.mlp_dim (DeepSeek's layout).",
+  ),
+  "model.moe.score": Key(
+    "softmax",
+    one_of("softmax", "sigmoid"),
+    keys.MODEL,
+    "The router's scores: 'softmax' over the experts (Mixtral, Qwen3-MoE) or 'sigmoid' per expert.",
+  ),
+  "model.moe.renormalize": Key(
+    True, boolean, keys.MODEL, "The top-k scores are divided by their sum (Mixtral; Qwen3's norm_topk_prob)."
+  ),
+  "model.moe.routing": Key(
+    "capacity",
+    one_of("capacity", "dropless", "every"),
+    keys.MODEL,
+    "'capacity' (per-sequence expert buffers of capacity_factor, fixed shapes, all-to-all over the expert "
+    "axis), 'dropless' (grouped matmuls, exact; GPUs), 'every' (every expert on every token: the reference).",
+  ),
+  "model.moe.capacity_factor": Key(
+    1.25,
+    real(0.0, low_open=True),
+    keys.MODEL,
+    "capacity routing: each expert takes ceil(factor x seq_len x top_k / num_experts) tokens of a sequence; "
+    "the rest are dropped (metric moe_dropped). num_experts / top_k drops nothing.",
+  ),
+  "model.moe.balance_loss": Key(
+    0.01,
+    real(0.0),
+    keys.MODEL,
+    "Weight of the per-sequence load-balancing loss (Switch's E x sum f_e P_e, 1.0 when balanced), per "
+    "token and MoE layer.",
+  ),
+  "model.moe.router_z_loss": Key(
+    0.001,
+    real(0.0),
+    keys.MODEL,
+    "Weight of the router z-loss (logsumexp^2 of router logits), per token and layer.",
+  ),
 }
 
 TINY = {

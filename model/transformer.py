@@ -1,6 +1,7 @@
 """A Llama-style decoder in Flax NNX: RMSNorm, RoPE (Llama 3's scaling optional), SwiGLU, causal
 grouped-query attention, tied or untied embeddings; its blocks unrolled or scanned, each rematerialized
-by a named policy or not. Hugging Face's Llama maps onto it one to one (model/hf_llama.py).
+by a named policy or not; with `moe`, the MLP of every block after the first `first_dense` is a
+mixture of experts (model/moe.py). Hugging Face's Llama maps onto it one to one (model/hf_llama.py).
 
 Every parameter carries logical axis names; activations are constrained where it matters.
 Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp, V vocab.
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from model import moe as moe_lib
 from model.layers import Attention, RMSNorm, RopeScaling, SwiGLU, param
 from model.partitioning import constrain
 
@@ -29,16 +31,24 @@ REMAT = {
 
 
 class Block(nnx.Module):
-  def __init__(self, dim, num_heads, mlp_dim, rope_base, *, norm_eps, rngs, **attention):
+  """Attention and an MLP, each a residual branch; the MLP a mixture of experts when `moe` (MoE's
+  keyword arguments) is given. Returns the new stream and the MoE layer's auxiliary sums (or None)."""
+
+  def __init__(self, dim, num_heads, mlp_dim, rope_base, *, norm_eps, rngs, moe=None, **attention):
     self.attn_norm = RMSNorm(dim, eps=norm_eps, rngs=rngs)
     self.attn = Attention(dim, num_heads, rope_base, rngs=rngs, **attention)
     self.mlp_norm = RMSNorm(dim, eps=norm_eps, rngs=rngs)
-    self.mlp = SwiGLU(dim, mlp_dim, rngs=rngs)
+    self.mlp = moe_lib.MoE(dim, rngs=rngs, **moe) if moe else SwiGLU(dim, mlp_dim, rngs=rngs)
 
-  def __call__(self, x, positions, mask):
+  def __call__(self, x, positions, mask, token_mask=None):
     x = x + checkpoint_name(self.attn(self.attn_norm(x), positions, mask, causal=True), "attn_out")
-    x = x + checkpoint_name(self.mlp(self.mlp_norm(x)), "mlp_out")
-    return constrain(x, ("batch", "act_seq", "act_embed"))
+    aux = None
+    if isinstance(self.mlp, moe_lib.MoE):
+      y, aux = self.mlp(self.mlp_norm(x), token_mask)
+    else:
+      y = self.mlp(self.mlp_norm(x))
+    x = x + checkpoint_name(y, "mlp_out")
+    return constrain(x, ("batch", "act_seq", "act_embed")), aux
 
 
 class Decoder(nnx.Module):
@@ -65,6 +75,10 @@ class Decoder(nnx.Module):
     scale_tied_embeddings: bool = True,
     z_loss: float = 0.0,
     loss_chunk: int = 0,
+    moe: dict | None = None,
+    first_dense: int = 0,
+    balance_loss: float = 0.0,
+    router_z_loss: float = 0.0,
     rngs: nnx.Rngs,
   ):
     if not head_dim and embed_dim % num_heads:
@@ -88,16 +102,31 @@ class Decoder(nnx.Module):
     table_init = _init.normal(1.0 / math.sqrt(embed_dim) if tie_embeddings else 1.0)
     # One axis only on the table: a lookup into a table sharded on both axes rematerializes it.
     self.embed = param(rngs, table_init, (vocab_size, embed_dim), ("vocab", None))
+    # With `moe` (model/moe.MoE's keyword arguments), the blocks after the first `first_dense` route.
+    kinds = [None] * num_layers if not moe else [None] * first_dense + [moe] * (num_layers - first_dense)
     if scan_layers:
-      # One Block whose parameters are stacked [num_layers, ...] along a leading `layers` axis.
-      @nnx.split_rngs(splits=num_layers)
-      @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-      def stacked(rngs):
-        return Block(*block_args, rngs=rngs, **block_kwargs)
+      # Blocks whose parameters are stacked [n, ...] along a leading `layers` axis: `layers` holds the
+      # routed (or all) blocks, `dense_layers` the dense ones that come first in a mixture of experts.
+      def stack(n, moe_args):
+        @nnx.split_rngs(splits=n)
+        @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def stacked(rngs):
+          return Block(*block_args, rngs=rngs, moe=moe_args, **block_kwargs)
 
-      self.layers = stacked(rngs)
+        return stacked(rngs)
+
+      if moe and first_dense:
+        self.dense_layers = stack(first_dense, None)
+      self.layers = stack(kinds.count(kinds[-1]), kinds[-1])
     else:
-      self.blocks = nnx.List([Block(*block_args, rngs=rngs, **block_kwargs) for _ in range(num_layers)])
+      self.blocks = nnx.List([Block(*block_args, rngs=rngs, moe=kind, **block_kwargs) for kind in kinds])
+    self.num_experts = moe["num_experts"] if moe else 0
+    # The MoE auxiliary losses' weights (experiments/lm.py moe_sums), taken per token and MoE layer.
+    self.moe_layers, self.balance_loss, self.router_z_loss = (
+      kinds.count(moe) if moe else 0,
+      balance_loss,
+      router_z_loss,
+    )
     self.final_norm = RMSNorm(embed_dim, eps=norm_eps, rngs=rngs)
     if not tie_embeddings:
       self.unembed = param(rngs, _init.lecun_normal(), (embed_dim, vocab_size), ("embed", "vocab"))
@@ -111,6 +140,11 @@ class Decoder(nnx.Module):
 
   def hidden(self, tokens, positions=None, segment_ids=None):
     """Tokens [B, L] -> the final normalized hidden states [B, L, D] in the compute dtype."""
+    return self.hidden_and_aux(tokens, positions, segment_ids)[0]
+
+  def hidden_and_aux(self, tokens, positions=None, segment_ids=None, token_mask=None):
+    """Tokens [B, L] -> (hidden states [B, L, D], the MoE layers' auxiliary sums added up, model/moe.py,
+    over the tokens of `token_mask` [B, L] (None: all); None without MoE layers)."""
     b, n = tokens.shape
     mask = None  # Plain causal attention, which fused kernels do without a mask array.
     if positions is not None or segment_ids is not None:  # Packed: attend only within the document.
@@ -124,9 +158,12 @@ class Decoder(nnx.Module):
     if self.scale_embed:
       x = x * jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype))
     x = constrain(x, ("batch", "act_seq", "act_embed"))
+    aux = moe_lib.zero_aux(self.num_experts) if self.num_experts else None
 
-    def block_fn(block, x):
-      return block(x, positions, mask)
+    def block_fn(block, carry):
+      x, aux = carry
+      x, block_aux = block(x, positions, mask, token_mask)
+      return x, aux if block_aux is None else jax.tree.map(jnp.add, aux, block_aux)
 
     if self.remat != "none":
       block_fn = nnx.remat(block_fn, policy=REMAT[self.remat], prevent_cse=not self.scan_layers)
@@ -137,11 +174,13 @@ class Decoder(nnx.Module):
         out_axes=nnx.Carry,
         transform_metadata={nnx.PARTITION_NAME: "layers"},
       )
-      x = scan(self.layers, x)
+      for stack in (getattr(self, "dense_layers", None), self.layers):
+        if stack is not None:
+          x, aux = scan(stack, (x, aux))
     else:
       for block in self.blocks:
-        x = block_fn(block, x)
-    return self.final_norm(x)
+        x, aux = block_fn(block, (x, aux))
+    return self.final_norm(x), aux
 
   def logits(self, h):
     """Hidden states [..., D] -> float32 logits [..., V]."""
