@@ -79,6 +79,10 @@ Optional:
       parameters x tokens, plus attention): the numerator of MFU in the metrics and the summary.
       Without it MFU uses the compiled step's FLOPs (which count rematerialized work, and a
       scanned loop's body once).
+  routed_bytes_per_example(config) -> float
+      Bytes of one example's activations a mixture of experts sends to its experts and back in one
+      forward pass (the LM: capacity routing's [experts, capacity, embed] buffers per MoE layer):
+      --mode=inspect holds the all-to-alls over the expert axis against it. 0 or absent: not shown.
 
 What the trainer guarantees:
   - Global batch t holds the same records in the same order on any number of devices and processes;

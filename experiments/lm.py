@@ -18,7 +18,7 @@ from flax import nnx
 from data import synthetic
 from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
-from model import hf_llama, losses
+from model import hf_llama, losses, moe
 from model.layers import RopeScaling
 from model.transformer import Decoder
 
@@ -311,6 +311,18 @@ def model_flops_per_example(config, param_count: int) -> float:
     matmul_params -= idle
   width = m.num_heads * (m.head_dim or m.embed_dim // m.num_heads)
   return seq * (6 * matmul_params + 12 * m.num_layers * width * seq)
+
+
+def routed_bytes_per_example(config) -> float:
+  """Bytes of one sequence's routed activations sent to the experts and back in one forward pass:
+  capacity routing's buffers [experts, capacity, embed] per MoE layer, there and back (--mode=inspect
+  holds the all-to-alls against it). 0 for dense models and routings without an exchange."""
+  m = config.model
+  if not m.moe.num_experts or m.moe.routing != "capacity":
+    return 0.0
+  c = moe.capacity(config.data.seq_len, m.moe.top_k, m.moe.num_experts, m.moe.capacity_factor)
+  per_layer = m.moe.num_experts * c * m.embed_dim * np.dtype(m.compute_dtype).itemsize
+  return 2.0 * (m.num_layers - m.moe.first_dense) * per_layer
 
 
 def example_batch(config) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""The device mesh (data, fsdp, tensor) from config, and logical-rule shardings on it."""
+"""The device mesh (data, fsdp, expert, tensor) from config, and logical-rule shardings on it."""
 
 import math
 
@@ -11,32 +11,43 @@ from jax.sharding import PartitionSpec as P
 from errors import UserError
 from model.partitioning import logical_to_spec
 
-AXES = ("data", "fsdp", "tensor")
+# Outermost first: an axis's collectives run over devices that far apart in the device order. The
+# batch is split over data, fsdp and expert (trainer/sharding.py), the experts over expert, so
+# attention is not repeated on every expert shard; tensor, innermost, takes the fastest links.
+AXES = ("data", "fsdp", "expert", "tensor")
+# The axes that may also span hosts (`mesh.dcn_<axis>`): tensor parallelism's per-layer collectives
+# need within-host links.
+ACROSS_HOSTS = ("data", "fsdp", "expert")
 
 
-def resolve_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
+def dcn_shape(mesh_cfg) -> tuple[int, ...]:
+  """Each axis's across-host size (1 for tensor)."""
+  return tuple(mesh_cfg[f"dcn_{a}"] if a in ACROSS_HOSTS else 1 for a in AXES)
+
+
+def resolve_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
   """Within-host axis sizes times across-host sizes, with one -1 filled from the device count.
 
   On a single device every axis is 1, whatever the config says: any config runs unchanged on one
   device for debugging, through the same code path.
   """
   if num_devices == 1:
-    return (1, 1, 1)
-  dcn = (mesh_cfg.dcn_data, mesh_cfg.dcn_fsdp, 1)
-  ici = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
+    return (1,) * len(AXES)
+  dcn = dcn_shape(mesh_cfg)
+  ici = [mesh_cfg[a] for a in AXES]
   if ici.count(-1) > 1:
-    raise UserError("at most one of mesh.data, mesh.fsdp, mesh.tensor may be -1")
+    raise UserError(f"at most one of {', '.join(f'mesh.{a}' for a in AXES)} may be -1")
   if any(s == 0 or s < -1 for s in ici) or any(s < 1 for s in dcn):
-    raise UserError(f"mesh sizes must be positive (or one -1): got {ici}, dcn {dcn[:2]}")
+    raise UserError(f"mesh sizes must be positive (or one -1): got {ici}, dcn {list(dcn[:-1])}")
   known = math.prod(s for s in ici if s != -1) * math.prod(dcn)
   if -1 in ici:
     if num_devices % known:
-      raise UserError(f"mesh axes {ici} x dcn {dcn[:2]} cannot divide {num_devices} devices")
+      raise UserError(f"mesh axes {ici} x dcn {list(dcn[:-1])} cannot divide {num_devices} devices")
     ici[ici.index(-1)] = num_devices // known
   shape = tuple(i * d for i, d in zip(ici, dcn, strict=True))
   if math.prod(shape) != num_devices:
     raise UserError(
-      f"mesh data*fsdp*tensor = {'*'.join(map(str, shape))} = {math.prod(shape)} but there are "
+      f"mesh {'*'.join(AXES)} = {'*'.join(map(str, shape))} = {math.prod(shape)} but there are "
       f"{num_devices} devices; change --config.mesh.* (or --cpu_devices)"
     )
   return shape
@@ -45,12 +56,12 @@ def resolve_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
 def make_mesh(mesh_cfg, devices=None) -> Mesh:
   devices = jax.devices() if devices is None else devices
   shape = resolve_shape(mesh_cfg, len(devices))
-  dcn = (mesh_cfg.dcn_data, mesh_cfg.dcn_fsdp, 1)
+  dcn = dcn_shape(mesh_cfg)
   if math.prod(dcn) > 1 and len(devices) > 1:
     if math.prod(dcn) != jax.process_count():
       raise UserError(
-        f"mesh.dcn_data * mesh.dcn_fsdp = {math.prod(dcn)} must equal the number of processes "
-        f"({jax.process_count()}): the outer axes span hosts"
+        f"{' * '.join(f'mesh.dcn_{a}' for a in ACROSS_HOSTS)} = {math.prod(dcn)} must equal the number "
+        f"of processes ({jax.process_count()}): the outer axes span hosts"
       )
     # Across-host axes outermost, so FSDP/tensor collectives stay on the fast within-host links.
     ici = tuple(s // d for s, d in zip(shape, dcn, strict=True))

@@ -1,11 +1,16 @@
 """Sharding strategies as named presets of logical-axis rules, and the optimizer state's placement.
 
-| strategy | params, grads          | optimizer state              | batch        |
-|----------|------------------------|------------------------------|--------------|
-| dp       | replicated             | replicated                   | data x fsdp  |
-| zero1    | replicated             | sharded over data x fsdp     | data x fsdp  |
-| fsdp     | `embed` over fsdp      | follows params               | data x fsdp  |
-| fsdp_tp  | `embed` over fsdp; `mlp`, `heads` over tensor | follows params | data x fsdp |
+| strategy | params, grads          | optimizer state                     | batch                 |
+|----------|------------------------|-------------------------------------|-----------------------|
+| dp       | replicated             | replicated                          | data x fsdp x expert  |
+| zero1    | replicated             | sharded over data x fsdp (x expert) | data x fsdp x expert  |
+| fsdp     | `embed` over fsdp      | follows params                      | data x fsdp x expert  |
+| fsdp_tp  | `embed` over fsdp; `mlp`, `heads` over tensor | follows params | data x fsdp x expert |
+Under every strategy a mixture of experts' expert weights ([experts, embed, mlp]) are split over `expert`
+along their experts, on top of the above (fsdp_tp: experts over expert, embed over fsdp, mlp over
+tensor). The batch is split over `expert` too, so attention is not repeated on every expert shard;
+the routed tokens are exchanged by all-to-all: [batch, experts, capacity, embed] goes from the batch
+split over expert (`moe_batch` keeps data x fsdp) to the experts split over it, and back.
 Under fsdp and fsdp_tp, a parameter of at least `sharding.fsdp_min_size` elements that the rules leave
 unsplit over `fsdp` (a table whose logical axes map to nothing, a fork's own weight) is split
 along its largest dimension that can take it (`fsdp_spec`): per-device parameter and optimizer bytes
@@ -28,7 +33,12 @@ from errors import UserError
 from model.partitioning import logical_to_spec
 from trainer import mesh as mesh_lib
 
-_BATCH = (("batch", ("data", "fsdp")),)
+_BATCH = (
+  ("batch", ("data", "fsdp", "expert")),
+  ("moe_batch", ("data", "fsdp")),  # Routed tokens, once the all-to-all has split their experts.
+  ("experts", "expert"),
+  ("act_experts", "expert"),
+)
 # Activations and small weights: replicated unless tensor parallelism names them below. `layers`, the
 # leading axis of scanned layers' stacked params, is never split: each step of the scan reads one layer.
 _COMMON = (

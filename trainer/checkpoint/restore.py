@@ -28,7 +28,9 @@ def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resumin
   if resuming:
     saved, now = ckpt.saved_config(restored.step), json.loads(config.to_json())
     if config.checks.first_step:  # Only the first-step check asks whether the layout changed.
-      changed = ckpt.saved_meta(restored.step).get("layout") != store.layout(comp, config)
+      changed = not store.same_layout(
+        ckpt.saved_meta(restored.step).get("layout"), store.layout(comp, config)
+      )
     declared = assemble.declared(config.experiment)
     for line in resume.check(saved, now, restored.step, config.checkpoint.allow_changed_keys, declared):
       console(line)

@@ -123,6 +123,13 @@ def layout(comp, config) -> dict:
   }
 
 
+def same_layout(saved: dict | None, now: dict) -> bool:
+  """Whether two `layout`s partition alike. Mesh axes of size 1 split nothing: a checkpoint saved
+  before the mesh had an axis (expert) has the same layout as one with that axis at 1."""
+  split = lambda lay: {**lay, "mesh": {a: n for a, n in lay.get("mesh", {}).items() if n > 1}}
+  return saved is not None and split(saved) == split(now)
+
+
 def run_metadata(comp, config) -> dict:
   """What produced a checkpoint: for a reader deciding whether and how to restore it."""
   try:

@@ -25,7 +25,9 @@ TINY = {
   "data.worker_processes": 0,
   "optimizer.warmup_steps": 2,
 }
-MESH_ARGS = ("data", "fsdp", "tensor")  # `fsdp=8`: these axes as given, the others 1, `data` the rest.
+# `fsdp=8`: these axes as given, the others 1, `data` the rest. The mesh keys' axes, in trainer/mesh.py's
+# order (AXES; this file stays JAX-free).
+MESH_ARGS = tuple(k[5:] for k in trainer_keys.KEYS if k.startswith("mesh.") and not k.startswith("mesh.dcn_"))
 ARGS = {"steps": "steps", "batch": "global_batch_size", "strategy": "sharding.strategy"}
 
 

@@ -71,11 +71,21 @@ KEYS = {
     -1, mesh_size, keys.FREE, "Data-parallel axis size within a host; -1: all remaining devices."
   ),
   "mesh.fsdp": Key(1, mesh_size, keys.FREE, "Fully-sharded data-parallel axis size within a host."),
+  "mesh.expert": Key(
+    1,
+    mesh_size,
+    keys.FREE,
+    "Expert-parallel axis size within a host: a mixture of experts' experts are split over it (the "
+    "batch too), and tokens reach their experts by all-to-all. 1 for dense models.",
+  ),
   "mesh.tensor": Key(1, mesh_size, keys.FREE, "Tensor-parallel axis size within a host."),
   "mesh.dcn_data": Key(
     1, whole(1), keys.FREE, "Data-parallel axis size across hosts or slices (outer, slow links)."
   ),
   "mesh.dcn_fsdp": Key(1, whole(1), keys.FREE, "FSDP axis size across hosts or slices."),
+  "mesh.dcn_expert": Key(
+    1, whole(1), keys.FREE, "Expert axis size across hosts or slices (its all-to-all crosses them)."
+  ),
   "sharding.strategy": Key(
     "fsdp_tp",
     one_of(*STRATEGIES),

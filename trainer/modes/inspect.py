@@ -42,22 +42,66 @@ def compile_train_step(config, devices=None):
   return comp, target, compiled
 
 
-def zero_minimum(strategy: str, mesh_shape: dict, param_bytes: int) -> tuple[float, str]:
+def zero_minimum(
+  strategy: str, mesh_shape: dict, param_bytes: int, expert_bytes: int = 0
+) -> tuple[float, str]:
   """(bytes each device must send per step, the formula) for the strategy's gradient and parameter
   traffic, whatever the backend: Ψ is the parameters' bytes (gradients alike), n an axis's size and
   (n-1)/n a ring's share. dp all-reduces gradients over the batch axes (2Ψ); zero1 reduce-scatters
   them and all-gathers the updated parameters (2Ψ); fsdp all-gathers parameters in the forward and
   backward passes and reduce-scatters gradients over fsdp (3Ψ), then all-reduces its shard of the
-  gradients over data. Tensor parallelism splits Ψ first; its activation traffic is not counted."""
-  d, f, t = (mesh_shape[a] for a in ("data", "fsdp", "tensor"))
+  gradients over the replicas (data x expert). Tensor parallelism splits Ψ first; its activation
+  traffic is not counted. Expert weights (`expert_bytes` of Ψ, split over the expert axis) count as
+  one device's share Ψe/e, their replicas over data alone: the batch's split over expert is theirs."""
+  d, f, e, t = (mesh_shape.get(a, 1) for a in ("data", "fsdp", "expert", "tensor"))
   share = lambda n: (n - 1) / n
+  dense, experts = param_bytes - expert_bytes, expert_bytes / e
+  of = f", Ψe/e = {experts:,.0f} B of expert weights" if expert_bytes else ""
   if strategy in ("dp", "zero1"):
-    n = d * f
-    return 2 * param_bytes * share(n), f"2Ψ(n-1)/n, n = data x fsdp = {n}"
-  psi = param_bytes / (t if strategy == "fsdp_tp" else 1)
-  minimum = 3 * psi * share(f) + 2 * (psi / f) * share(d)
-  tp = f"Ψ/tensor({t}) " if strategy == "fsdp_tp" else ""
-  return minimum, f"{tp}3Ψ(f-1)/f + 2(Ψ/f)(d-1)/d, f = fsdp = {f}, d = data = {d}"
+    minimum = 2 * dense * share(d * f * e) + 2 * experts * share(d * f)
+    return minimum, f"2Ψ(n-1)/n, n = data x fsdp x expert = {d * f * e}" + (
+      f" (n = data x fsdp = {d * f} for experts{of})" if expert_bytes else ""
+    )
+  t = t if strategy == "fsdp_tp" else 1
+  ring = lambda psi, r: 3 * psi * share(f) + 2 * (psi / f) * share(r)
+  tp = f"Ψ/tensor({t}) " if t > 1 else ""
+  formula = f"{tp}3Ψ(f-1)/f + 2(Ψ/f)(r-1)/r, f = fsdp = {f}, r = data x expert = {d * e}"
+  return ring(dense / t, d * e) + ring(experts / t, d), formula + (
+    f" (r = data = {d} for experts{of})" if expert_bytes else ""
+  )
+
+
+def exchange_minimum(experiment, config, mesh_shape: dict) -> tuple[float, str] | None:
+  """(bytes each device must send per step by all-to-all, the formula) for the routed tokens of a
+  mixture of experts split over the expert axis, from the experiment's optional
+  `routed_bytes_per_example` (the bytes of one example's routed activations there and back in one
+  forward pass): each device's examples, all but their 1/e staying, forward and backward."""
+  hook, e = getattr(experiment, "routed_bytes_per_example", None), mesh_shape.get("expert", 1)
+  if hook is None or e == 1:
+    return None
+  per_device = config.global_batch_size / int(np.prod(list(mesh_shape.values())))
+  routed = float(hook(config))
+  return 2 * routed * per_device * (e - 1) / e, (
+    f"2 passes x {routed:,.0f} B routed per example x {per_device:g} examples/device x (e-1)/e, "
+    f"e = expert = {e}"
+  )
+
+
+def expert_placement(params: list[dict], mesh_shape: dict) -> list[str]:
+  """Which experts each device holds, from the first parameter with an `experts` dimension: one line
+  per expert range, naming the devices that hold it."""
+  p = next((p for p in params if "experts" in p["logical_axes"]), None)
+  if p is None:
+    return []
+  dim = p["logical_axes"].index("experts")
+  held: dict[tuple[int, int], list[int]] = {}
+  for shard in p["shards"]:
+    held.setdefault(tuple(shard["index"][dim]), []).append(shard["device_id"])
+  n = p["shape"][dim]
+  return [
+    f"experts {lo}-{hi - 1} of {n} on devices {', '.join(map(str, ids))}"
+    for (lo, hi), ids in sorted(held.items())
+  ] + [f"(split over {p['spec'][dim] or 'nothing'}: mesh expert = {mesh_shape.get('expert', 1)})"]
 
 
 def report(config, devices=None, target_device: str | None = None) -> dict:
@@ -98,8 +142,12 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
   hlo = compiled.as_text()
   table = collectives(hlo, comp.mesh)
   param_bytes = sum(p["bytes_total"] for p in params)
-  minimum, formula = zero_minimum(config.sharding.strategy, dict(comp.mesh.shape), param_bytes)
-  sent = sum(e["sent_bytes_per_device"] for e in table)
+  expert_bytes = sum(p["bytes_total"] for p in params if "experts" in p["logical_axes"])
+  minimum, formula = zero_minimum(config.sharding.strategy, dict(comp.mesh.shape), param_bytes, expert_bytes)
+  # The all-to-alls move activations, not parameters: held against their own minimum.
+  sent = sum(e["sent_bytes_per_device"] for e in table if e["kind"] != "all-to-all")
+  exchanged = sum(e["sent_bytes_per_device"] for e in table if e["kind"] == "all-to-all")
+  exchange = exchange_minimum(comp.experiment, config, dict(comp.mesh.shape))
   per_device = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
   per_device += memory.temp_size_in_bytes
   param_max, opt_max = max_per_device(param_leaves), max_per_device(opt_leaves)
@@ -152,7 +200,11 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
       "zero_minimum_bytes_per_device": minimum,
       "minimum_formula": formula,
       "ratio": sent / minimum if minimum else None,
+      "all_to_all_bytes_per_device": exchanged,
+      "all_to_all_minimum_bytes_per_device": None if exchange is None else exchange[0],
+      "all_to_all_minimum_formula": None if exchange is None else exchange[1],
     },
+    "expert_placement": expert_placement(params, dict(comp.mesh.shape)),
     "target_device": None
     if accelerator is None
     else {
@@ -206,7 +258,16 @@ def inspect(config, workdir: str, target_device: str | None = None) -> dict:
   console(
     f"traffic {tr['sent_bytes_per_device']:,.0f} B/device against the {out['strategy']} minimum "
     f"{tr['zero_minimum_bytes_per_device']:,.0f} B ({tr['minimum_formula']}): {ratio}"
+    + (" (all-to-alls apart)" if tr["all_to_all_bytes_per_device"] else "")
   )
+  if tr["all_to_all_minimum_bytes_per_device"]:
+    console(
+      f"all-to-all {tr['all_to_all_bytes_per_device']:,.0f} B/device against the routed tokens' minimum "
+      f"{tr['all_to_all_minimum_bytes_per_device']:,.0f} B ({tr['all_to_all_minimum_formula']}): "
+      f"{tr['all_to_all_bytes_per_device'] / tr['all_to_all_minimum_bytes_per_device']:.2f}x"
+    )
+  for line in out["expert_placement"]:
+    console(f"placement: {line}")
   if (dev := out["target_device"]) is not None:
     verdict = "fits" if dev["fits"] else "does NOT fit"
     console(

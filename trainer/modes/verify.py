@@ -30,6 +30,7 @@ from jax.experimental import multihost_utils
 
 from data import pipeline
 from trainer import components, rundir
+from trainer import mesh as mesh_lib
 from trainer import sharding as sharding_lib
 from trainer.agreement import TOLERANCES, compare
 from trainer.cluster import multihost
@@ -216,7 +217,8 @@ def _grad_norms(config, state, batch, skip) -> dict[int, float]:
     if n in skip or n > jax.local_device_count() or b % (n * m):
       continue
     cfg = config.copy_and_resolve_references()
-    cfg.mesh.update({"data": n, "fsdp": 1, "tensor": 1, "dcn_data": 1, "dcn_fsdp": 1})
+    cfg.mesh.update({a: n if a == "data" else 1 for a in mesh_lib.AXES})
+    cfg.mesh.update({f"dcn_{a}": 1 for a in mesh_lib.ACROSS_HOSTS})
     comp = components.build(cfg, jax.local_devices()[:n])
     with jax.set_mesh(comp.mesh):
       step = make_train_step(comp, m)
