@@ -188,4 +188,8 @@ TINY = {
   "model.num_layers": 1,
   "model.num_heads": 2,
   "model.mlp_dim": 64,
+  # A mixture of experts keeps its expert count and top_k (its routing is what a pulse checks), with
+  # experts as wide as the tiny MLP and every (the one) block routed.
+  "model.moe.expert_dim": 0,
+  "model.moe.first_dense": 0,
 }
