@@ -34,6 +34,15 @@ def test_gpu_check_runs_every_check_on_cpu_at_toy_sizes():
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   table = [line for line in r.stdout.splitlines() if line.startswith("| ")]
   checks = [line.split("|")[1].strip() for line in table[1:]]
-  expected = ["bf16_vs_fp32", "transfer", "checkpoint", "lm_125m", "memory", "recompute", "attention"]
+  expected = [
+    "bf16_vs_fp32",
+    "transfer",
+    "checkpoint",
+    "lm_125m",
+    "memory",
+    "recompute",
+    "moe_dropless",
+    "attention",
+  ]
   assert checks == expected, table
   assert all(line.rstrip().endswith("| ok |") for line in table[1:]), table
