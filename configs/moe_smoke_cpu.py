@@ -15,28 +15,15 @@ balanced; measured 0.097-0.165 over the run, 0.119-0.131 in the final eval) and 
 Arguments: `:tiny` shrinks it to a 2-step pulse; short arguments combine, e.g. `:tiny,expert=4`.
 """
 
-from configs import base
+from configs import smoke_cpu
 from trainer.config import assemble
 
 
 def get_config(arg=None):
-  c = base.get_config("lm")
-  c.steps = 500
-  c.data.vocab_size = 128
-  c.data.seq_len = 128
-  c.model.vocab_size = 128
-  c.model.embed_dim = 128
-  c.model.mlp_dim = 512
+  c = smoke_cpu.get_config()  # Its model, data, steps and cadences; the MLPs become mixtures.
   c.model.moe.num_experts = 8
   c.model.moe.top_k = 2
   c.model.moe.expert_dim = 128
-  c.global_batch_size = 32
-  c.log_every = 25
-  c.eval_every = 100
-  c.mesh.data = 2
-  c.mesh.fsdp = 2
-  c.mesh.expert = 2
-  c.mesh.tensor = 1
+  c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.tensor = 2, 2, 2, 1
   c.sharding.strategy = "fsdp"
-  c.checkpoint.every = 100
   return assemble.apply_args(c, arg)
