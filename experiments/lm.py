@@ -82,6 +82,7 @@ def build_model(config, rngs: nnx.Rngs) -> Decoder:
     rope_scaling=rope_scaling(m),
     compute_dtype=m.compute_dtype,
     attention=m.attention,
+    qk_norm=m.qk_norm,
     scan_layers=m.scan_layers,
     remat=m.remat,
     tie_embeddings=m.tie_embeddings,
