@@ -5,10 +5,10 @@ files and once transformers has loaded both; transformers 5's fused expert layou
 params as the per-expert one; a dense Qwen3 (q/k norms) too; what neither layout can say is one
 error line, on import and on export.
 
-Routing: dropless, which drops nothing (parity needs routing that cannot drop: with the default
-capacity_factor 1.25 tokens an expert has no room for lose it; WORKSPACE "Start from pretrained
-weights"). The expert axis: capacity routing with room for all (capacity_factor = E / top_k) on a mesh
-(expert 2, fsdp 2, data 2).
+Routing: dropless, which drops nothing (parity needs routing that cannot drop); capacity routing with
+room for all (capacity_factor = E / top_k) gives the same, and the default 1.25 does not (the figures
+printed; WORKSPACE "Mixtral, Qwen3-MoE and Qwen3"). On a mesh with the expert axis (expert 2, fsdp 2,
+data 2): capacity routing with room for all.
 """
 
 import copy
@@ -19,6 +19,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from errors import UserError
 from experiments import lm
@@ -183,9 +184,10 @@ def test_hf_to_ours_to_hf_is_tensor_for_tensor(models, name, tmp_path):
   np.testing.assert_array_equal(their_logits(back.eval(), tokens), their_logits(theirs, tokens))
 
 
-def test_transformers_5s_fused_experts_read_as_the_per_expert_files(models, tmp_path):
+def test_transformers_5s_fused_experts_read_as_the_per_expert_files(models, tmp_path, capsys):
   """A file of transformers 5's in-memory layout (`mlp.experts.gate_up_proj` [E, 2F, D], down_proj,
-  as its state dict holds it) gives the same params, bit for bit, slice by slice on the same mesh."""
+  as its state dict holds it) gives the same params, bit for bit, slice by slice on the same mesh,
+  reading no byte more than its devices hold (the gate's and up's rows of gate_up_proj apart)."""
   path, theirs, c, params, _ = models["qwen3_moe"]
   state = {k: v.detach().clone().contiguous() for k, v in theirs.state_dict().items()}
   assert "model.layers.1.mlp.experts.gate_up_proj" in state
@@ -193,8 +195,35 @@ def test_transformers_5s_fused_experts_read_as_the_per_expert_files(models, tmp_
   fused.mkdir()
   save_file(state, str(fused / hf_llama.SINGLE), metadata={"format": "pt"})
   shutil.copy(os.path.join(path, hf_llama.CONFIG), fused / hf_llama.CONFIG)
+  capsys.readouterr()
   _, again, _ = read(str(fused), *LAYOUTS["qwen3_moe"][:1], **LAYOUTS["qwen3_moe"][1])
   jax.tree.map(np.testing.assert_array_equal, again, params)
+  words = next(line for line in capsys.readouterr().out.splitlines() if "init_from: process" in line).split()
+  assert words[4] == words[10] == f"{sum(x.nbytes for x in jax.tree.leaves(params)):,}", words
+
+
+def test_the_default_capacity_changes_an_imported_mixtral_and_e_over_k_does_not(models):
+  """Capacity routing, one device: capacity_factor = E / top_k drops nothing and gives transformers'
+  logits; the default 1.25 drops assignments and changes them (the figures are printed: WORKSPACE)."""
+  _, theirs, c, params, _ = models["mixtral"]
+  tokens = np.random.default_rng(4).integers(0, V, (8, 64)).astype(np.int32)
+  reference = their_logits(theirs, tokens)
+  for factor in (1.25, 4 / 2):
+    mc = copy.deepcopy(c)
+    mc.model.moe.routing, mc.model.moe.capacity_factor = "capacity", factor
+    with nnx.use_eager_sharding(False):
+      model = lm.build_model(mc, nnx.Rngs(0))
+    nnx.update(model, jax.tree.map(jax.numpy.asarray, params))
+    h, aux = nnx.jit(lambda model, tokens: model.hidden_and_aux(tokens))(model, tokens)
+    logits = np.asarray(jax.jit(model.logits)(h))
+    dropped = float(aux["dropped"]) / (tokens.size * c.model.num_layers)
+    changed = float(np.mean(np.argmax(logits, -1) != np.argmax(reference, -1)))
+    figure = off(logits, reference)
+    print(
+      f"capacity_factor {factor}: {dropped:.1%} of assignments dropped, max |diff| / max |logit| "
+      f"{figure:.1e}, greedy token changed at {changed:.1%} of positions"
+    )
+    assert (dropped > 0 and figure > 1e-3) if factor == 1.25 else (dropped == 0 and figure < F32_TOLERANCE)
 
 
 def edited(models, name, tmp_path, **change) -> str:
