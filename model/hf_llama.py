@@ -42,9 +42,9 @@ class Layout(NamedTuple):
   parts: int = 1
 
 
-# A block's tensors by our path inside the block: attention and its norms, Qwen3's per-head q/k norms,
-# and a dense SwiGLU (a mixture of experts' routed MLP: model/hf_moe.py).
-ATTENTION = {
+# A block's tensors by our path inside the block: what every block has (its two norms, attention),
+# Qwen3's per-head q/k norms, and a dense SwiGLU (a mixture of experts' routed MLP: model/hf_moe.py).
+_BLOCK = {
   ("attn_norm", "scale"): Layout("model.layers.{i}.input_layernorm.weight", False, (1,)),
   ("mlp_norm", "scale"): Layout("model.layers.{i}.post_attention_layernorm.weight", False, (1,)),
   ("attn", "wq"): Layout("model.layers.{i}.self_attn.q_proj.weight", True, (1, 2)),
@@ -52,11 +52,11 @@ ATTENTION = {
   ("attn", "wv"): Layout("model.layers.{i}.self_attn.v_proj.weight", True, (1, 2)),
   ("attn", "wo"): Layout("model.layers.{i}.self_attn.o_proj.weight", True, (2, 1)),
 }
-QK_NORM = {
+_QK_NORM = {
   ("attn", "q_norm", "scale"): Layout("model.layers.{i}.self_attn.q_norm.weight", False, (1,)),
   ("attn", "k_norm", "scale"): Layout("model.layers.{i}.self_attn.k_norm.weight", False, (1,)),
 }
-DENSE_MLP = {
+_DENSE_MLP = {
   ("mlp", "gate"): Layout("model.layers.{i}.mlp.gate_proj.weight", True, (1, 1)),
   ("mlp", "up"): Layout("model.layers.{i}.mlp.up_proj.weight", True, (1, 1)),
   ("mlp", "down"): Layout("model.layers.{i}.mlp.down_proj.weight", True, (1, 1)),
@@ -111,13 +111,15 @@ class Names:
 def names(m, present=frozenset()) -> Names:
   """The Names of our model config `m` (config.model); `present`, a file's tensor names, chooses
   between the layouts of a mixture's experts (per expert, or transformers 5's fused ones)."""
-  dense = ATTENTION | (QK_NORM if m.qk_norm else {}) | DENSE_MLP
+  block = _BLOCK | (_QK_NORM if m.qk_norm else {})
+  dense = block | _DENSE_MLP
   if not m.moe.num_experts:
     return Names(dense, m.num_layers)
   from model import hf_moe  # The mixtures of experts' names; that file builds on this one.
 
-  routed = ATTENTION | (QK_NORM if m.qk_norm else {}) | hf_moe.routed_mlp(m, present)
-  return Names(dense, m.num_layers, routed, m.moe.first_dense, m.moe.num_experts)
+  return Names(
+    dense, m.num_layers, block | hf_moe.routed_mlp(m, present), m.moe.first_dense, m.moe.num_experts
+  )
 
 
 # --- config.json -> our keys
