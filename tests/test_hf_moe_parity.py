@@ -30,8 +30,6 @@ from trainer import mesh as mesh_lib
 from trainer.config import assemble
 
 torch = pytest.importorskip("torch", reason="the parity extra (make test installs it)")
-# torch's threads and XLA's share 2 cores: its generate took 1.7-4.5 s beside JAX, 0.05 s on one thread.
-torch.set_num_threads(1)
 transformers = pytest.importorskip("transformers", reason="the parity extra (make test installs it)")
 from safetensors.torch import save_file  # noqa: E402  (torch's half of safetensors: with torch only)
 
@@ -120,13 +118,18 @@ def read(path, args, **overrides):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
   """{name: (directory, the transformers model, our config, our params, our logits function)}."""
+  # torch's threads and XLA's share the cores: beside JAX on 2 cores its generate took 1.7-4.5 s, on one
+  # thread 0.05 s. One thread for this module's tests; the setting is the process's, so it is restored.
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
   root, out = tmp_path_factory.mktemp("hf_moe"), {}
   for name, (cls, config) in MODELS.items():
     path = str(root / name)
     theirs = save(cls, config, path)
     args, overrides = LAYOUTS[name]
     out[name] = (path, theirs, *read(path, args, **overrides))
-  return out
+  yield out
+  torch.set_num_threads(threads)
 
 
 def their_logits(model, tokens):
