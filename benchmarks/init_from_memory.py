@@ -54,12 +54,11 @@ def write_directory(config, directory: str) -> int:
   from trainer import state as state_lib
 
   mdef = state_lib.model_def(functools.partial(lm.build_model, config))
-  tensors = {}
+  tensors, names = {}, hf_llama.names(config.model)
   for path, leaf in jax.tree_util.tree_flatten_with_path(mdef.params)[0]:
-    lay, layer, scanned = hf_llama.layout(tuple(state_lib.path_keys(path)))
+    lay, _, scanned = names.where(tuple(state_lib.path_keys(path)))
     shape = hf_llama.hf_shape(lay, leaf.shape[1:] if scanned else leaf.shape)
-    for i in range(leaf.shape[0]) if scanned else [layer]:
-      tensors[lay.name.format(i=i)] = shape
+    tensors |= dict.fromkeys(names.hf_names(tuple(state_lib.path_keys(path))), shape)
   header, offset = {}, 0
   for name, shape in sorted(tensors.items()):
     size = 2 * int(np.prod(shape))

@@ -82,6 +82,7 @@ def build_model(config, rngs: nnx.Rngs) -> Decoder:
     rope_scaling=rope_scaling(m),
     compute_dtype=m.compute_dtype,
     attention=m.attention,
+    qk_norm=m.qk_norm,
     scan_layers=m.scan_layers,
     remat=m.remat,
     tie_embeddings=m.tie_embeddings,
@@ -170,18 +171,20 @@ def moe_sums(aux: dict, model: Decoder) -> tuple[jax.Array, dict]:
 
 
 def pretrained_keys(path: str) -> dict:
-  """The model keys a Hugging Face Llama directory's config.json fixes (trainer/init_from.py)."""
+  """The model keys a Hugging Face directory's config.json fixes (trainer/init_from.py): a Llama or
+  Qwen3 (model/hf_llama.py), a Mixtral or Qwen3-MoE (model/hf_moe.py)."""
   return hf_llama.config_keys(hf_llama.read_config(path), os.path.join(path, hf_llama.CONFIG))
 
 
 def open_pretrained(path: str, config, leaves) -> hf_llama.Pretrained:
   """Its safetensors, read slice by slice into our params."""
-  return hf_llama.Pretrained(path, leaves, config.model.tie_embeddings, config.model.num_layers)
+  return hf_llama.Pretrained(path, leaves, config.model)
 
 
 def export_hf(run, out: str, weights: dict) -> list[str]:
-  """A Hugging Face Llama directory of `weights` (trainer.modes.export --format=hf), with the data
-  set's tokenizer when it has one; what was written, for the command's last line."""
+  """A Hugging Face directory of `weights` (trainer.modes.export --format=hf): a Llama, with
+  model.qk_norm a Qwen3, a mixture of experts a Mixtral or (qk_norm) a Qwen3-MoE; with the data set's
+  tokenizer when it has one. What was written, for the command's last line."""
   from model import hf_export
 
   config, special, written = run.config, {}, []

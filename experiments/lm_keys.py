@@ -82,6 +82,13 @@ KEYS = {
     "'einsum' (explicit), or jax.nn.dot_product_attention: 'xla', 'cudnn' (GPUs), or 'auto' (cuDNN on "
     "GPUs in bfloat16, else XLA). model/layers.py ATTENTION.",
   ),
+  "model.qk_norm": Key(
+    False,
+    boolean,
+    keys.MODEL,
+    "RMSNorm of each query and key head over head_dim before RoPE, a learned scale each (Qwen3's q_norm, "
+    "k_norm; init_from of a Qwen3 sets it).",
+  ),
   "model.scan_layers": Key(
     False,
     boolean,

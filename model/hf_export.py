@@ -1,4 +1,5 @@
-"""Writes our Decoder's params as a Hugging Face Llama directory that transformers loads:
+"""Writes our Decoder's params as a Hugging Face directory that transformers loads (a Llama, a Qwen3, a
+Mixtral or a Qwen3-MoE: model/hf_llama.py, model/hf_moe.py):
 config.json, model.safetensors (or shards with model.safetensors.index.json beyond max_shard_bytes)
 and generation_config.json, plus the tokenizer when the run's data has one (data/tokenizers.py).
 `replacing` makes a re-export replace the earlier one whole: a stale index beside a new
@@ -78,7 +79,7 @@ def write(out: str, model_config, params: dict, special: dict, max_shard_bytes: 
   ({'eos_token_id': 1, ...}) for the configs. Returns the number of files of weights."""
   hf_llama.check_exportable(model_config)
   os.makedirs(out, exist_ok=True)
-  parts = shards(hf_llama.hf_tensors(params), max_shard_bytes)
+  parts = shards(hf_llama.hf_tensors(params, model_config), max_shard_bytes)
   metadata = {"format": "pt"}  # What transformers expects of a safetensors file it loads.
   if len(parts) == 1:
     save_file(parts[0], os.path.join(out, hf_llama.SINGLE), metadata=metadata)

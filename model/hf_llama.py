@@ -1,10 +1,13 @@
 """Hugging Face's Llama layout <-> model/transformer.py's Decoder: config.json's keys, tensor names and
 how each tensor is laid out, in both directions. No torch, no transformers: safetensors and numpy.
+Qwen3 is the same with q_norm and k_norm (model.qk_norm); the mixtures of experts (Mixtral, Qwen3-MoE)
+add their routed blocks' names and config keys in model/hf_moe.py and share the rest.
 
 Each of our parameters is one Hugging Face tensor per layer (`model.layers.{i}.self_attn.q_proj.weight`
 [heads * head_dim, embed]), transposed where torch's Linear keeps [out, in] and its flat axis split
-(ours: wq [embed, heads, head_dim]). Scanned layers stack the per-layer tensors on a leading axis.
-Slices are read from the file lazily (safetensors' get_slice): a process reads only what it holds.
+(ours: wq [embed, heads, head_dim]). Scanned layers stack the per-layer tensors on a leading axis, and
+experts (ours [E, ...]) the per-expert ones. Slices are read from the files lazily (np.memmap): a
+process reads only what it holds.
 """
 
 import json
@@ -26,13 +29,21 @@ _COMPUTED = (".rotary_emb.inv_freq",)
 
 class Layout(NamedTuple):
   """Ours = the tensor (transposed when `transposed`) with each of its 2 axes split into the dims of
-  `groups` (ours, in order): wq is transposed with groups (1, 2), [embed] and [heads, head_dim]."""
+  `groups` (ours, in order): wq is transposed with groups (1, 2), [embed] and [heads, head_dim].
+  `experts`: ours has a leading experts axis [E, ...] over one tensor per expert (`{j}` in the name),
+  or over the first axis of one fused tensor [E, parts x out, in] whose `part` of the out axis is ours
+  (transformers 5's gate_up_proj holds gate, then up: parts 2)."""
 
-  name: str  # The Hugging Face name; `{i}` is the layer.
+  name: str  # The Hugging Face name; `{i}` is the layer, `{j}` the expert.
   transposed: bool
   groups: tuple[int, ...]  # How many of our dims each (transposed) tensor axis becomes.
+  experts: bool = False
+  part: int = 0
+  parts: int = 1
 
 
+# A block's tensors by our path inside the block: what every block has (its two norms, attention),
+# Qwen3's per-head q/k norms, and a dense SwiGLU (a mixture of experts' routed MLP: model/hf_moe.py).
 _BLOCK = {
   ("attn_norm", "scale"): Layout("model.layers.{i}.input_layernorm.weight", False, (1,)),
   ("mlp_norm", "scale"): Layout("model.layers.{i}.post_attention_layernorm.weight", False, (1,)),
@@ -40,6 +51,12 @@ _BLOCK = {
   ("attn", "wk"): Layout("model.layers.{i}.self_attn.k_proj.weight", True, (1, 2)),
   ("attn", "wv"): Layout("model.layers.{i}.self_attn.v_proj.weight", True, (1, 2)),
   ("attn", "wo"): Layout("model.layers.{i}.self_attn.o_proj.weight", True, (2, 1)),
+}
+_QK_NORM = {
+  ("attn", "q_norm", "scale"): Layout("model.layers.{i}.self_attn.q_norm.weight", False, (1,)),
+  ("attn", "k_norm", "scale"): Layout("model.layers.{i}.self_attn.k_norm.weight", False, (1,)),
+}
+_DENSE_MLP = {
   ("mlp", "gate"): Layout("model.layers.{i}.mlp.gate_proj.weight", True, (1, 1)),
   ("mlp", "up"): Layout("model.layers.{i}.mlp.up_proj.weight", True, (1, 1)),
   ("mlp", "down"): Layout("model.layers.{i}.mlp.down_proj.weight", True, (1, 1)),
@@ -51,15 +68,58 @@ _TOP = {
 }
 
 
-def layout(leaf: tuple[str, ...]) -> tuple[Layout, int | None, bool]:
-  """(layout, layer or None, scanned) of one of our parameters by its tree path."""
-  if leaf in _TOP:
-    return _TOP[leaf], None, False
-  if leaf[0] == "layers" and leaf[1:] in _BLOCK:
-    return _BLOCK[leaf[1:]], None, True
-  if leaf[0] == "blocks" and leaf[2:] in _BLOCK:
-    return _BLOCK[leaf[2:]], int(leaf[1]), False
-  raise UserError(f"parameter {'/'.join(leaf)} has no Hugging Face Llama name")
+class Where(NamedTuple):
+  layout: Layout
+  layers: range | None  # The Hugging Face layers the parameter holds; None: not a block's.
+  stacked: bool  # Scanned: a leading axis over `layers`.
+
+
+class Names:
+  """Which Hugging Face tensor each of our parameters is, for one model: the top-level ones, a dense
+  block's (`dense`) and, in a mixture of experts, a routed block's (`routed`), the blocks from
+  `first_routed` on. Scanned, `dense_layers` stacks the dense blocks and `layers` the routed ones (or
+  all of them)."""
+
+  def __init__(self, dense: dict, num_layers: int, routed: dict | None = None, first_routed=0, experts=0):
+    self.dense, self.routed, self.num_layers, self.experts = dense, routed, num_layers, experts
+    self.first_routed = first_routed if routed else num_layers  # Where the routed blocks start.
+
+  def where(self, leaf: tuple[str, ...]) -> Where:
+    if leaf in _TOP:
+      return Where(_TOP[leaf], None, False)
+    kind, rest, lay = leaf[0], leaf[1:], None
+    if kind == "blocks" and len(leaf) > 2:
+      i, rest = int(leaf[1]), leaf[2:]
+      lay = (self.routed if i >= self.first_routed else self.dense).get(rest)
+      layers, stacked = range(i, i + 1), False
+    elif kind == "dense_layers":
+      lay, layers, stacked = self.dense.get(rest), range(self.first_routed), True
+    elif kind == "layers":
+      table, start = (self.routed, self.first_routed) if self.routed else (self.dense, 0)
+      lay, layers, stacked = table.get(rest), range(start, self.num_layers), True
+    if lay is None:
+      raise UserError(f"parameter {'/'.join(leaf)} has no Hugging Face name")
+    return Where(lay, layers, stacked)
+
+  def hf_names(self, leaf: tuple[str, ...]) -> list[str]:
+    """Every Hugging Face tensor parameter `leaf` is read from or written to."""
+    lay, layers, _ = self.where(leaf)
+    experts = range(self.experts) if lay.experts and "{j}" in lay.name else [0]
+    return [lay.name.format(i=i, j=j) for i in layers or [0] for j in experts]
+
+
+def names(m, present=frozenset()) -> Names:
+  """The Names of our model config `m` (config.model); `present`, a file's tensor names, chooses
+  between the layouts of a mixture's experts (per expert, or transformers 5's fused ones)."""
+  block = _BLOCK | (_QK_NORM if m.qk_norm else {})
+  dense = block | _DENSE_MLP
+  if not m.moe.num_experts:
+    return Names(dense, m.num_layers)
+  from model import hf_moe  # The mixtures of experts' names; that file builds on this one.
+
+  return Names(
+    dense, m.num_layers, block | hf_moe.routed_mlp(m, present), m.moe.first_dense, m.moe.num_experts
+  )
 
 
 # --- config.json -> our keys
@@ -88,30 +148,59 @@ def _rope(hf: dict) -> dict:
   return params
 
 
-def config_keys(hf: dict, file: str) -> dict[str, tuple[object, str]]:
-  """{our dotted key: (value, the config.json field it comes from)}; a UserError naming any feature
-  the Decoder does not have."""
+DENSE_TYPES = ("llama", "qwen3")  # Qwen3: Llama's layout with q_norm and k_norm (model.qk_norm).
 
-  def unsupported(what: str) -> UserError:
-    return UserError(f"{file}: {what}, which model/transformer.py's Decoder does not have")
 
-  if hf.get("model_type") != "llama":
-    raise unsupported(f"model_type {hf.get('model_type')!r} (only 'llama' maps onto it)")
-  for field in ("attention_bias", "mlp_bias"):
-    if hf.get(field):
-      raise unsupported(f"{field}=true (biases)")
-  if hf.get("hidden_act", "silu") != "silu":
-    raise unsupported(f"hidden_act {hf['hidden_act']!r} (its MLP is SwiGLU with silu)")
-  if hf.get("sliding_window") or hf.get("use_sliding_window"):
-    raise unsupported("a sliding attention window")
-  for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+def unsupported(file: str, what: str) -> UserError:
+  return UserError(f"{file}: {what}, which model/transformer.py's Decoder does not have")
+
+
+def whole(hf: dict, file: str, *fields: str) -> None:
+  for field in fields:
     if not isinstance(hf.get(field), int):
       raise UserError(f"{file} has no whole number {field}")
+
+
+def config_keys(hf: dict, file: str) -> dict[str, tuple[object, str]]:
+  """{our dotted key: (value, the config.json field it comes from)}; a UserError naming any feature
+  the Decoder does not have. Mixtures of experts: model/hf_moe.py."""
+  kind = hf.get("model_type")
+  if kind not in DENSE_TYPES:
+    from model import hf_moe  # It builds on this file.
+
+    if kind in hf_moe.MODEL_TYPES:
+      return hf_moe.config_keys(hf, file)
+    known = ", ".join(repr(t) for t in DENSE_TYPES + hf_moe.MODEL_TYPES)
+    raise unsupported(file, f"model_type {kind!r} (these map onto it: {known})")
+  if hf.get("mlp_bias"):
+    raise unsupported(file, "mlp_bias=true (biases)")
+  whole(hf, file, "intermediate_size")
+  return common_keys(hf, file) | {
+    "model.mlp_dim": (hf["intermediate_size"], "intermediate_size"),
+    "model.qk_norm": (kind == "qwen3", f"model_type {kind}"),
+    "model.moe.num_experts": (0, f"model_type {kind}"),
+  }
+
+
+def common_keys(hf: dict, file: str) -> dict[str, tuple[object, str]]:
+  """The keys every family's config.json fixes alike (embeddings, attention, norms, RoPE), and a
+  UserError for what none of them maps (biases, another activation, sliding windows, other RoPE)."""
+  if hf.get("attention_bias") or hf.get("qkv_bias"):
+    raise unsupported(file, "attention_bias=true (biases)")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise unsupported(file, f"hidden_act {hf['hidden_act']!r} (its MLP is SwiGLU with silu)")
+  # Qwen's configs keep a sliding_window that only use_sliding_window turns on; Llama's and Mixtral's
+  # attend within it whenever it is set.
+  qwen = str(hf.get("model_type", "")).startswith("qwen")
+  sliding = {t for t in hf.get("layer_types") or () if t != "full_attention"}
+  if hf.get("use_sliding_window") or (hf.get("sliding_window") and not qwen) or sliding:
+    raise unsupported(file, "a sliding attention window")
+  whole(hf, file, "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
   rope = _rope(hf)
   if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-    raise unsupported("partial_rotary_factor (RoPE on part of each head)")
+    raise unsupported(file, "partial_rotary_factor (RoPE on part of each head)")
   if rope["rope_type"] not in ("default", "llama3"):
-    raise unsupported(f"rope_type {rope['rope_type']!r} (it has plain RoPE and 'llama3' scaling)")
+    raise unsupported(file, f"rope_type {rope['rope_type']!r} (it has plain RoPE and 'llama3' scaling)")
   heads = hf["num_attention_heads"]
   keys = {
     "model.vocab_size": (hf["vocab_size"], "vocab_size"),
@@ -120,7 +209,6 @@ def config_keys(hf: dict, file: str) -> dict[str, tuple[object, str]]:
     "model.num_heads": (heads, "num_attention_heads"),
     "model.num_kv_heads": (hf.get("num_key_value_heads") or heads, "num_key_value_heads"),
     "model.head_dim": (hf.get("head_dim") or hf["hidden_size"] // heads, "head_dim"),
-    "model.mlp_dim": (hf["intermediate_size"], "intermediate_size"),
     "model.norm_eps": (float(hf.get("rms_norm_eps", 1e-6)), "rms_norm_eps"),
     "model.rope_base": (float(rope["rope_theta"]), "rope_theta"),
     "model.rope_scaling": ("none" if rope["rope_type"] == "default" else "llama3", "rope_type"),
@@ -141,8 +229,9 @@ def config_keys(hf: dict, file: str) -> dict[str, tuple[object, str]]:
   return keys
 
 
-def hf_config(m, generation: bool = False) -> dict:
-  """config.json (or, `generation`, generation_config.json) of our model config `m` (config.model)."""
+def hf_config(m) -> dict:
+  """config.json of our model config `m` (config.model): a Llama, or with model.qk_norm a Qwen3; a
+  mixture of experts as model/hf_moe.py says."""
   head_dim = m.head_dim or m.embed_dim // m.num_heads
   rope = {"rope_type": "default", "rope_theta": m.rope_base}
   if m.rope_scaling == "llama3":
@@ -154,16 +243,13 @@ def hf_config(m, generation: bool = False) -> dict:
       "high_freq_factor": m.rope_llama3_high_freq_factor,
       "original_max_position_embeddings": m.rope_llama3_original_max_len,
     }
-  return {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
+  common = {
     "vocab_size": m.vocab_size,
     "hidden_size": m.embed_dim,
     "num_hidden_layers": m.num_layers,
     "num_attention_heads": m.num_heads,
     "num_key_value_heads": m.num_kv_heads or m.num_heads,
     "head_dim": head_dim,
-    "intermediate_size": m.mlp_dim,
     "hidden_act": "silu",
     "rms_norm_eps": m.norm_eps,
     "rope_parameters": rope,
@@ -171,10 +257,17 @@ def hf_config(m, generation: bool = False) -> dict:
     "rope_theta": m.rope_base,
     "rope_scaling": None if rope["rope_type"] == "default" else rope,
     "tie_word_embeddings": m.tie_embeddings,
-    "attention_bias": False,
-    "mlp_bias": False,
     "dtype": "float32",
   }
+  if m.moe.num_experts:
+    from model import hf_moe  # It builds on this file.
+
+    return hf_moe.hf_config(m, common)
+  if m.qk_norm:
+    family = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "use_sliding_window": False}
+  else:
+    family = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "mlp_bias": False}
+  return family | common | {"intermediate_size": m.mlp_dim, "attention_bias": False}
 
 
 def check_exportable(m) -> None:
@@ -183,6 +276,10 @@ def check_exportable(m) -> None:
       "this run's tied embeddings are scaled by sqrt(embed_dim) (model.scale_tied_embeddings=True), "
       "which Llama's layout cannot say; train with model.scale_tied_embeddings=False to export it"
     )
+  if m.moe.num_experts:
+    from model import hf_moe  # It builds on this file.
+
+    hf_moe.check_exportable(m)
 
 
 # --- Reading tensors from a safetensors directory, slice by slice
@@ -267,11 +364,40 @@ def hf_shape(lay: Layout, shape: tuple) -> tuple[int, ...]:
   return tuple(axes[::-1] if lay.transposed else axes)
 
 
-def _from_tensor(tensors: Tensors, lay: Layout, layer: int, shape: tuple, index: tuple) -> np.ndarray:
-  """Our slice `index` (one slice per dim of our `shape`) of one layer's tensor, reading only the
-  rows and columns it needs: per tensor axis, the range its group's first dim covers."""
-  name = lay.name.format(i=layer)
-  if (found := tensors.shape(name)) != (expected := hf_shape(lay, shape)):
+def _from_tensor(tensors: Tensors, lay: Layout, layer: int | None, shape: tuple, index: tuple) -> np.ndarray:
+  """Our slice `index` (one slice per dim of our `shape`) of one layer's parameter: its tensor's, or
+  for experts each expert's in turn, into one array."""
+  if not lay.experts:
+    return _from_matrix(tensors, lay, lay.name.format(i=layer), shape, index)
+  if "{j}" in lay.name:  # One tensor per expert.
+    read = lambda j: _from_matrix(tensors, lay, lay.name.format(i=layer, j=j), shape[1:], index[1:])
+  else:  # One fused tensor [E, parts x out, in].
+    read = lambda j: _from_matrix(tensors, lay, lay.name.format(i=layer), shape[1:], index[1:], (j, shape[0]))
+  return _stacked(read, index[0], shape[0])
+
+
+def _stacked(read, index: slice, size: int) -> np.ndarray:
+  """`read(k)` for each k of `index` into one float32 array: part by part, never a second copy."""
+  start, stop, _ = index.indices(size)
+  out = None
+  for k in range(start, stop):
+    part = read(k)
+    if out is None:
+      out = np.empty((stop - start, *part.shape), np.float32)
+    out[k - start] = part
+  return out
+
+
+def _from_matrix(tensors: Tensors, lay: Layout, name: str, shape: tuple, index: tuple, expert=None):
+  """Our slice `index` of the 2-axis tensor `name` (or, `expert` = (j, E), of expert j's rows of a
+  fused one), reading only the rows and columns it needs: per tensor axis, the range its group's first
+  dim covers."""
+  expected = hf_shape(lay, shape)
+  lead, offset = (), 0
+  if expert is not None:
+    lead, offset = expert[:1], lay.part * expected[0]
+    expected = (expert[1], lay.parts * expected[0], *expected[1:])
+  if (found := tensors.shape(name)) != expected:
     raise UserError(
       f"init_from={tensors.path}: {name} is {list(found)}, but the model's config makes it "
       f"{list(expected)}: config.json and the weights disagree"
@@ -287,7 +413,8 @@ def _from_tensor(tensors: Tensors, lay: Layout, layer: int, shape: tuple, index:
     at += size
   if lay.transposed:
     reads = reads[::-1]
-  block = tensors.read(name, tuple(reads))
+  reads[0] = slice(reads[0].start + offset, reads[0].stop + offset)
+  block = tensors.read(name, (*lead, *reads))
   if lay.transposed:
     block = block.T
   block = block.reshape(tuple(d for group in dims for d in group))
@@ -295,16 +422,15 @@ def _from_tensor(tensors: Tensors, lay: Layout, layer: int, shape: tuple, index:
 
 
 class Pretrained:
-  """Our params read from a Hugging Face Llama directory: `read(leaf, shape, index)` is the slice of
-  one parameter, in float32 (bfloat16 and float16 files are widened)."""
+  """Our params read from a Hugging Face directory (model/hf_moe.py for mixtures of experts):
+  `read(leaf, shape, index)` is the slice of one parameter, in float32 (bfloat16 and float16 files
+  are widened)."""
 
-  def __init__(self, path: str, leaves: list[tuple[str, ...]], tied: bool, num_layers: int):
+  def __init__(self, path: str, leaves: list[tuple[str, ...]], m):
     self.tensors = Tensors(path)
-    expected = set()
-    for leaf in leaves:
-      lay, layer, scanned = layout(leaf)
-      expected |= {lay.name.format(i=i) for i in (range(num_layers) if scanned else [layer])}
-    unexpected = self.tensors.names() - expected - ({"lm_head.weight"} if tied else set())
+    self.names = names(m, self.tensors.names())
+    expected = {name for leaf in leaves for name in self.names.hf_names(leaf)}
+    unexpected = self.tensors.names() - expected - ({"lm_head.weight"} if m.tie_embeddings else set())
     unexpected = {n for n in unexpected if not n.endswith(_COMPUTED)}
     missing = expected - self.tensors.names()
     if missing or unexpected:
@@ -322,33 +448,31 @@ class Pretrained:
     return self.tensors.bytes_read
 
   def read(self, leaf: tuple[str, ...], shape: tuple[int, ...], index: tuple[slice, ...]) -> np.ndarray:
-    lay, layer, scanned = layout(leaf)
-    if scanned:
-      start, stop, _ = index[0].indices(shape[0])
-      out = None
-      for i in range(start, stop):  # Layer by layer into one array, never a second copy of it.
-        part = _from_tensor(self.tensors, lay, i, shape[1:], index[1:])
-        if out is None:
-          out = np.empty((stop - start, *part.shape), np.float32)
-        out[i - start] = part
-    else:
-      out = _from_tensor(self.tensors, lay, layer, shape, index)
+    lay, layers, stacked = self.names.where(leaf)
+    if stacked:  # Layer by layer into one array.
+      read = lambda k: _from_tensor(self.tensors, lay, layers[k], shape[1:], index[1:])
+      return _stacked(read, index[0], shape[0])
+    out = _from_tensor(self.tensors, lay, None if layers is None else layers[0], shape, index)
     return out.astype(np.float32, copy=False)
 
 
 # --- Our params -> Hugging Face tensors
 
 
-def hf_tensors(params: dict) -> dict[str, np.ndarray]:
-  """{Hugging Face name: array} of our params (numpy, nested as the model names them)."""
+def hf_tensors(params: dict, m) -> dict[str, np.ndarray]:
+  """{Hugging Face name: array} of our params (numpy, nested as the model names them) of model config
+  `m`; a mixture's experts one tensor each."""
   import jax
 
-  out = {}
+  table, out = names(m), {}
   for path, value in jax.tree_util.tree_flatten_with_path(params)[0]:
     leaf = tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-    lay, layer, scanned = layout(leaf)
-    for i, array in enumerate(value) if scanned else [(layer, value)]:
-      flat = np.asarray(array)
-      flat = flat.reshape(hf_shape(lay, flat.shape)[::-1] if lay.transposed else hf_shape(lay, flat.shape))
-      out[lay.name.format(i=i)] = np.ascontiguousarray(flat.T if lay.transposed else flat)
+    lay, layers, stacked = table.where(leaf)
+    first = None if layers is None else layers[0]
+    for i, array in zip(layers, value, strict=True) if stacked else [(first, value)]:
+      for j, matrix in enumerate(array) if lay.experts else [(0, array)]:
+        flat = np.asarray(matrix)
+        shape = hf_shape(lay, flat.shape)
+        flat = flat.reshape(shape[::-1] if lay.transposed else shape)
+        out[lay.name.format(i=i, j=j)] = np.ascontiguousarray(flat.T if lay.transposed else flat)
   return out

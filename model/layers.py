@@ -1,6 +1,7 @@
 """Layers the models share, in Flax NNX, each parameter with logical axis names: RMSNorm, RoPE (with
-Llama 3's frequency scaling or without), multi-head attention (causal or not, with or without RoPE;
-our einsums or jax.nn.dot_product_attention), SwiGLU.
+Llama 3's frequency scaling or without), multi-head attention (causal or not, with or without RoPE,
+with or without Qwen3's RMSNorm of each query and key head; our einsums or
+jax.nn.dot_product_attention), SwiGLU.
 
 Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp.
 """
@@ -84,7 +85,9 @@ def _implementation(impl: str, dtype) -> str:
 
 class Attention(nnx.Module):
   """Multi-head attention; with `num_kv_heads` < `num_heads`, grouped-query attention: each group of
-  num_heads / num_kv_heads query heads shares one key and value head (fewer K/V weights and cache)."""
+  num_heads / num_kv_heads query heads shares one key and value head (fewer K/V weights and cache).
+  With `qk_norm`, each query and key head is RMS-normalized over its head_dim before RoPE, one learned
+  scale [K] for all query heads and one for all key heads (Qwen3's q_norm and k_norm)."""
 
   def __init__(
     self,
@@ -96,6 +99,8 @@ class Attention(nnx.Module):
     head_dim: int = 0,
     rope_scaling: RopeScaling | None = None,
     impl: str = "einsum",
+    qk_norm: bool = False,
+    norm_eps: float = 1e-6,
     rngs: nnx.Rngs,
   ):
     head_dim, kv_heads = head_dim or dim // num_heads, num_kv_heads or num_heads
@@ -109,6 +114,10 @@ class Attention(nnx.Module):
     self.wv = param(rngs, w, (dim, kv_heads, head_dim), ("embed", "heads", "kv"))
     wo = _init.lecun_normal(in_axis=(0, 1), out_axis=2)
     self.wo = param(rngs, wo, (num_heads, head_dim, dim), ("heads", "kv", "embed"))
+    if qk_norm:
+      self.q_norm = RMSNorm(head_dim, eps=norm_eps, rngs=rngs)
+      self.k_norm = RMSNorm(head_dim, eps=norm_eps, rngs=rngs)
+    self.qk_norm = qk_norm
     self.rope_base, self.rope_scaling = rope_base, rope_scaling
     self.impl = impl
 
@@ -120,6 +129,8 @@ class Attention(nnx.Module):
     k = jnp.einsum("bld,dgk->blgk", x, self.wk[...].astype(dt))
     v = jnp.einsum("bld,dgk->blgk", x, self.wv[...].astype(dt))
     q = constrain(q, ("batch", "act_seq", "act_heads", "act_kv"))
+    if self.qk_norm:  # [B, L, H, K], normalized over K.
+      q, k = self.q_norm(q), self.k_norm(k)
     if positions is not None:
       freq = rope_frequencies(q.shape[-1], self.rope_base, self.rope_scaling)
       q, k = rope(q, positions, freq), rope(k, positions, freq)

@@ -1,7 +1,8 @@
 """A Llama-style decoder in Flax NNX: RMSNorm, RoPE (Llama 3's scaling optional), SwiGLU, causal
-grouped-query attention, tied or untied embeddings; its blocks unrolled or scanned, each rematerialized
-by a named policy or not; with `moe`, the MLP of every block after the first `first_dense` is a
-mixture of experts (model/moe.py). Hugging Face's Llama maps onto it one to one (model/hf_llama.py).
+grouped-query attention (Qwen3's per-head q/k RMSNorm optional), tied or untied embeddings; its blocks
+unrolled or scanned, each rematerialized by a named policy or not; with `moe`, the MLP of every block
+after the first `first_dense` is a mixture of experts (model/moe.py). Hugging Face's Llama and Qwen3
+map onto it one to one (model/hf_llama.py), and so do Mixtral and Qwen3-MoE (model/hf_moe.py).
 
 Every parameter carries logical axis names; activations are constrained where it matters.
 Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp, V vocab.
@@ -36,7 +37,7 @@ class Block(nnx.Module):
 
   def __init__(self, dim, num_heads, mlp_dim, rope_base, *, norm_eps, rngs, moe=None, **attention):
     self.attn_norm = RMSNorm(dim, eps=norm_eps, rngs=rngs)
-    self.attn = Attention(dim, num_heads, rope_base, rngs=rngs, **attention)
+    self.attn = Attention(dim, num_heads, rope_base, norm_eps=norm_eps, rngs=rngs, **attention)
     self.mlp_norm = RMSNorm(dim, eps=norm_eps, rngs=rngs)
     self.mlp = moe_lib.MoE(dim, rngs=rngs, **moe) if moe else SwiGLU(dim, mlp_dim, rngs=rngs)
 
@@ -69,6 +70,7 @@ class Decoder(nnx.Module):
     norm_eps: float = 1e-6,
     rope_scaling: RopeScaling | None = None,
     attention: str = "einsum",
+    qk_norm: bool = False,
     scan_layers: bool = False,
     remat: str = "none",
     tie_embeddings: bool = False,
@@ -95,6 +97,7 @@ class Decoder(nnx.Module):
       head_dim=head_dim,
       rope_scaling=rope_scaling,
       impl=attention,
+      qk_norm=qk_norm,
     )
     # Tied: the table also unembeds, so it starts small (1/sqrt(D)), and lookups are scaled back up;
     # Llama's tied table (scale_tied_embeddings=False) is looked up as it is.

@@ -84,8 +84,9 @@ def test_a_re_export_replaces_the_earlier_one_whole(tmp_path, capsys):
   assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
   assert sorted(os.listdir(tmp_path)) == ["hf", "run"]  # No staged or old directory left behind.
   assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
+  run = load(workdir)
   assert sorted(load_file(str(out / "model.safetensors"))) == sorted(
-    hf_llama.hf_tensors(load(workdir).params)
+    hf_llama.hf_tensors(run.params, run.config.model)
   )
 
   mine = tmp_path / "mine"
