@@ -26,7 +26,6 @@ from experiments import lm
 from model import hf_export, hf_llama, hf_moe
 from model.sample import generate
 from trainer import components, init_from
-from trainer import mesh as mesh_lib
 from trainer.config import assemble
 
 torch = pytest.importorskip("torch", reason="the parity extra (make test installs it)")
@@ -106,8 +105,6 @@ def read(path, args, **overrides):
   init_from.configure(c, os.path.join(path, "_unused_workdir"))
   if c.model.moe.num_experts:
     c.model.moe.routing = "dropless"
-    # Dropless needs no expert-axis activations: the experts' weights replicated unless a rule splits them.
-    c.sharding.rules = c.sharding.rules or (("experts", None),)
   comp = components.build(c)
   state = components.init_state(comp, c)
   fn = jax.jit(lambda w, tokens: comp.mdef.merge(*w)(tokens))
@@ -300,13 +297,11 @@ def test_what_neither_layout_says_is_refused_before_anything_is_written(models, 
   hf_moe.check_exportable(c.model)  # As imported, it exports.
 
 
-@pytest.mark.skipif("expert" not in mesh_lib.AXES, reason="needs the expert mesh axis (trainer/mesh.py)")
 def test_a_mixtral_on_a_mesh_with_the_expert_axis_gives_its_logits(models):
   """Read slice by slice onto (expert 2, fsdp 2, data 2): each device holds half of the experts, and
   capacity routing with room for every token (capacity_factor = E / top_k) gives transformers' logits."""
   path, theirs, *_ = models["mixtral"]
-  c = assemble.apply_args(assemble.config("lm"), "tiny,data=2,fsdp=2")
-  assemble.set_key(c, "mesh.expert", 2)
+  c = assemble.apply_args(assemble.config("lm"), "tiny,data=2,fsdp=2,expert=2")
   c.init_from = path
   init_from.configure(c, os.path.join(path, "_unused_workdir"))
   c.model.moe.routing, c.model.moe.capacity_factor = "capacity", 4 / 2
