@@ -4,7 +4,7 @@ optional shared experts every token passes through (one SwiGLU of their summed w
 
 Three routings compute the same function where nothing is dropped:
   capacity  each sequence sends each expert at most C = ceil(capacity_factor x L x top_k / E) tokens
-            (first choices before second ones, earlier tokens first); fixed shapes [B, E, C, D], so
+            (earlier tokens first: causal, unlike GShard's first-choices-first); fixed shapes [B, E, C, D], so
             the expert axis is split by GSPMD with one all-to-all there and one back (`moe_batch` ->
             `act_experts`); a token an expert has no room for gets nothing from it (counted as
             `moe_dropped`). The expert-parallel path and XLA:CPU's fast one.
@@ -115,10 +115,11 @@ class MoE(nnx.Module):
     b, n, d = x.shape
     e, k = self.num_experts, self.top_k
     c = capacity(n, k, e, self.capacity_factor)
-    # Each assignment's place in its expert's queue: first choices before second ones, then by position.
-    onehot = jax.nn.one_hot(jnp.swapaxes(chosen, 1, 2).reshape(b, k * n), e, dtype=jnp.int32)  # [B, KL, E]
-    place = jnp.sum((jnp.cumsum(onehot, axis=1) - 1) * onehot, axis=-1)
-    place = jnp.swapaxes(place.reshape(b, k, n), 1, 2)  # [B, L, K]
+    # Each assignment's place in its expert's queue, in token order (a token's choices in rank order):
+    # causal, so which slots position t gets depends on positions <= t alone (generation sees what
+    # training saw), and right padding never takes a valid token's slot.
+    onehot = jax.nn.one_hot(chosen.reshape(b, n * k), e, dtype=jnp.int32)  # [B, LK, E]
+    place = jnp.sum((jnp.cumsum(onehot, axis=1) - 1) * onehot, axis=-1).reshape(b, n, k)
     kept = place < c
     # Which token fills each slot of each expert (n: none, a zero row); a slot index past the end drops.
     slot = chosen * c + jnp.where(kept, place, e * c)

@@ -77,6 +77,12 @@ def test_a_small_capacity_drops_assignments_and_counts_them():
   assert moe.capacity(L, K, E, 0.5) == 4
   assert float(aux["dropped"]) > 0 and bool(jnp.all(jnp.isfinite(h)))
   assert float(jnp.max(jnp.abs(h - h_ref))) > 1e-3
+  # Causal even when it drops: a later token changes no earlier position's output (a first-choices-
+  # first queue would let it take a slot an earlier token's second choice had).
+  for t in (4, 9, 13):
+    changed = TOKENS.at[:, t].set((TOKENS[:, t] + 7) % 32)
+    h_changed, _ = hidden_and_aux(decoder("capacity", 0.5), changed, MASK)
+    np.testing.assert_array_equal(h_changed[:, :t], h[:, :t], err_msg=f"position {t}")
 
 
 def test_the_auxiliary_sums_add_up_over_sequences_and_ignore_masked_tokens():
@@ -88,10 +94,11 @@ def test_the_auxiliary_sums_add_up_over_sequences_and_ignore_masked_tokens():
   for name in moe.AUX_SUMS + ("load",):
     np.testing.assert_allclose(whole[name], sum(p[name] for p in parts), rtol=1e-5, err_msg=name)
   np.testing.assert_allclose(float(jnp.sum(whole["load"])), 2 * float(jnp.sum(MASK)), rtol=1e-6)
-  # A masked position after every valid one: with room for all (a padding token can take a slot a valid
-  # token's second choice wanted, as in every capacity router), it changes none of the sums.
-  roomy = decoder("capacity", E / K)
+  # A masked position after every valid one changes none of the sums, even where slots run out: the
+  # queues are in token order, so right padding never takes a valid token's slot.
+  dropping = decoder("capacity", 0.5)
   changed = TOKENS.at[2, 12].set((TOKENS[2, 12] + 1) % 32)
-  before, after = (hidden_and_aux(roomy, t, MASK)[1] for t in (TOKENS, changed))
+  before, after = (hidden_and_aux(dropping, t, MASK)[1] for t in (TOKENS, changed))
+  assert float(before["dropped"]) > 0
   for name in moe.AUX_SUMS + ("load",):
     np.testing.assert_allclose(after[name], before[name], rtol=1e-6, err_msg=name)
