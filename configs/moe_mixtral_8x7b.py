@@ -24,7 +24,8 @@ temporaries 38.5 GB, a second state for the recompute check), under an H100's 80
 8.7e16 per step (active parameters only). The routed tokens' all-to-alls send 113 GB per device per
 step, 3.00x the minimum of a forward and a backward pass: full remat runs the forward's two again (6
 per layer, not 4), and XLA:CPU converts bfloat16 all-to-alls to float32 (a GPU moves bfloat16).
-Parameter traffic: 1.48x the FSDP minimum. Nothing measured on GPUs yet.
+Parameter traffic: 1.46x the FSDP minimum (XLA:CPU all-reduces where a reduce-scatter would do).
+Nothing measured on GPUs yet.
 Inspect (about 12 s on 2 cores; no parameter is allocated):
   python main.py --config=configs/moe_mixtral_8x7b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
