@@ -80,3 +80,16 @@ def test_a_checkpoint_saved_before_the_expert_axis_has_the_same_layout():
   assert not store.same_layout({"mesh": {"data": 4, "fsdp": 2, "tensor": 1}, "strategy": "fsdp_tp"}, now)
   assert not store.same_layout({**now, "mesh": {**now["mesh"], "expert": 2, "data": 1}}, now)
   assert not store.same_layout(None, now)  # A checkpoint without one: checked again.
+
+
+def test_an_expert_axis_without_experts_is_a_warning_that_it_only_splits_the_batch(capsys, monkeypatch):
+  from trainer import components
+
+  monkeypatch.setattr(components, "_WARNED", set())  # Said once per process: this test's own.
+  cfg = tiny_config(**{"mesh.data": -1, "mesh.fsdp": 2, "mesh.expert": 2, "mesh.tensor": 1})
+  comp = components.build(cfg, with_data=False)
+  assert sharding.batch_axes(comp.rules) == ("data", "fsdp", "expert")
+  assert "warning: mesh.expert=2 but no parameter of this model is split over it" in capsys.readouterr().out
+  cfg.model.moe.num_experts = 4
+  components.build(cfg, with_data=False)
+  assert "mesh.expert" not in capsys.readouterr().out

@@ -105,6 +105,12 @@ def build(config, devices=None, with_data: bool = True) -> Components:
   traced = sharding_lib.traced_names(mdef.logical_specs, mdef.variable_specs)
   for warning in sharding_lib.check_rule_names(config.sharding.rules, traced, experiment.LOGICAL_AXES):
     _warn_once(warning)
+  split = {axis for name, axes in rules if name in traced for axis in sharding_lib.mesh_axes(axes)}
+  if mesh.shape["expert"] > 1 and "expert" not in split:
+    _warn_once(
+      f"warning: mesh.expert={mesh.shape['expert']} but no parameter of this model is split over it (no "
+      "experts): the expert axis only splits the batch, as data would"
+    )
   tx, schedule = make_optimizer(config.optimizer, config.steps, mdef.logical_specs)
   try:
     s = config.sharding
