@@ -24,8 +24,16 @@ from model.transformer import Decoder
 
 UNIT = "tokens"
 # The decoder's own logical axes: the vocabulary is split like the MLP's hidden dimension (over the
-# tensor axis under fsdp_tp).
-LOGICAL_AXES = {"vocab": "mlp", "act_vocab": "act_mlp"}
+# tensor axis under fsdp_tp). A mixture of experts' (model/moe.py) until a mesh axis splits experts:
+# the experts replicated (their weights split along embed and mlp as a dense MLP's), the dispatched
+# rows [B, E, C, D] split like the batch, so no token leaves its device.
+LOGICAL_AXES = {
+  "vocab": "mlp",
+  "act_vocab": "act_mlp",
+  "experts": None,
+  "act_experts": None,
+  "moe_batch": "batch",
+}
 
 
 def check_config(config) -> None:

@@ -133,18 +133,19 @@ def test_a_dimension_its_mesh_axes_do_not_divide_is_one_error_naming_the_paramet
 
 
 def test_a_rule_for_a_name_nothing_knows_is_an_error_naming_the_closest_one_the_model_lacks_a_warning(capsys):
-  """'experts' for the router fork's 'expert' would leave the router unsplit, silently; `layers` is a
-  preset's name, but this model (unscanned) has no such dimension."""
+  """'exprt' for the router fork's 'expert' would leave the router unsplit, silently ('experts' is a
+  name the LM's mixture of experts knows); `layers` is a preset's name, but this model (unscanned) has
+  no such dimension."""
   from errors import UserError
   from tests import router_aux_fork
 
   router_aux_fork.install()
-  cfg = tiny_config(**{"sharding.rules": (("experts", "tensor"),)})
+  cfg = tiny_config(**{"sharding.rules": (("exprt", "tensor"),)})
   cfg.unlock()
   cfg.experiment = "routed"
   cfg.lock()
   with pytest.raises(
-    UserError, match=r"sharding.rules: 'experts' is no logical axis name .* did you mean 'expert'\?"
+    UserError, match=r"sharding.rules: 'exprt' is no logical axis name .* did you mean 'expert'\?"
   ):
     components.build(cfg, with_data=False)
   cfg.sharding.rules = (("expert", "tensor"), ("layers", None))
