@@ -107,16 +107,21 @@ class MoE(nnx.Module):
       y = y + self.shared(x)
     return y, self._aux(logits, probs, chosen, kept, mask)
 
-  def _experts(self, x, spec):
-    """SwiGLU of each expert on its own rows: x [..., E, C, D] -> [..., E, C, D]."""
+  def _experts(self, x, experts, rows):
+    """SwiGLU of each expert on its own rows: x [B, E, C, D] -> [B, E, C, D], computed as [E, B x C, D]
+    (one batched matmul per expert: with the batch ahead of the experts XLA:CPU's matmuls took 5x as
+    long, benchmarks/maxtext_peer.py --moe). `experts` and `rows` name the E and merged B x C axes."""
+    b, e, c, d = x.shape
     dt = x.dtype
-    h = jax.nn.silu(jnp.einsum("...ecd,edf->...ecf", x, self.gate[...].astype(dt)))
-    h = h * jnp.einsum("...ecd,edf->...ecf", x, self.up[...].astype(dt))
-    h = constrain(h, (*spec, "act_mlp"))
-    return jnp.einsum("...ecf,efd->...ecd", h, self.down[...].astype(dt))
+    xe = jnp.swapaxes(x, 0, 1).reshape(e, b * c, d)
+    h = jax.nn.silu(jnp.einsum("end,edf->enf", xe, self.gate[...].astype(dt)))
+    h = h * jnp.einsum("end,edf->enf", xe, self.up[...].astype(dt))
+    h = constrain(h, (experts, rows, "act_mlp"))
+    out = jnp.einsum("enf,efd->end", h, self.down[...].astype(dt))
+    return jnp.swapaxes(out.reshape(e, b, c, d), 0, 1)
 
   def _every(self, x, chosen, weights):
-    out = self._experts(jnp.broadcast_to(x[:, None], (x.shape[0], self.num_experts, *x.shape[1:])), _EXPERT)
+    out = self._experts(jnp.broadcast_to(x[:, None], (x.shape[0], self.num_experts, *x.shape[1:])), *_EXPERT)
     gates = jnp.sum(jax.nn.one_hot(chosen, self.num_experts, dtype=x.dtype) * weights[..., None], axis=2)
     return jnp.einsum("beld,ble->bld", out, gates), jnp.ones(chosen.shape, bool)
 
@@ -136,7 +141,7 @@ class MoE(nnx.Module):
     table = jax.vmap(lambda s: jnp.full(e * c, n).at[s.ravel()].set(tokens, mode="drop"))(slot)
     rows = jnp.take_along_axis(jnp.pad(x, ((0, 0), (0, 1), (0, 0))), table[..., None], axis=1)
     rows = constrain(rows.reshape(b, e, c, d), ("batch", None, None, "act_embed"))
-    out = self._experts(constrain(rows, _DISPATCHED), _DISPATCHED[:3])  # The all-to-all there ...
+    out = self._experts(constrain(rows, _DISPATCHED), *_EXPERT_ROWS)  # The all-to-all there ...
     out = constrain(constrain(out, _DISPATCHED), ("batch", None, None, "act_embed"))  # ... and back.
     picked = jnp.take_along_axis(out.reshape(b, e * c, d), jnp.minimum(slot, e * c - 1).reshape(b, -1, 1), 1)
     picked = picked.reshape(b, n, k, d) * (weights * kept)[..., None]
@@ -176,4 +181,7 @@ class MoE(nnx.Module):
 
 # Dispatched rows [B, E, C, D]: the batch over data x fsdp only, the experts over `expert`.
 _DISPATCHED = ("moe_batch", "act_experts", None, "act_embed")
-_EXPERT = ("batch", "act_experts", "act_seq")  # `every`: [B, E, L, ...].
+# The experts' hidden activations [E, B x C, F]: capacity's routed rows, the experts split; `every`'s
+# (every token, C = L), split as the tokens are.
+_EXPERT_ROWS = ("act_experts", "moe_batch")
+_EXPERT = (None, "batch")
