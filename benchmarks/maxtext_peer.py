@@ -30,19 +30,16 @@ So MaxText runs with `megablox=false sparse_matmul=false capacity_factor=1.25` (
 dispatch: the path that drops tokens at a capacity, 40 slots per expert and sequence as ours) and
 expert parallelism 1 (fsdp=8, as ours). `--dropless` adds both dropless routings: ours (ragged_dot under
 GSPMD), MaxText's sparse path (`sparse_matmul=true capacity_factor=-1`: ragged_dot per device).
-Measured with `--moe --dropless` (jax 0.12.0.1, 8 logical CPU devices on 2 shared cores, 2 rounds, 8 min):
-  ours              median step 176.5 ms = 5,800 tokens/s; launch to first step: cold 18.1 s, warm 5.0 s
-  maxtext           median step 165.0 ms = 6,206 tokens/s; launch to first step: cold 14.8 s
-  maxtext_like_ours median step 158.5 ms = 6,461 tokens/s; launch to first step: cold 15.6 s
-  ours_dropless     median step 1093.3 ms = 937 tokens/s; launch to first step: cold 9.7 s, warm 3.4 s
-  maxtext_dropless  median step 614.5 ms = 1,666 tokens/s; launch to first step: cold 15.3 s
-  tokens/s ours / maxtext: 0.93x; ours / maxtext_like_ours: 0.90x; ours_dropless / maxtext_dropless: 0.56x
-Below the 1.1x aimed at. Where ours loses: model/moe.py's expert einsums (`...ecd,edf->...ecf`, the
-batch ahead of the experts) run 5x slower in bf16 on XLA:CPU than the same SwiGLU on rows laid out
-[E, B x C, D] (one device's [1, 8, 40, 128]: 18.7 against 3.6 ms forward and backward). A run of
-`--moe` on a copy with that layout (experts first, the same math) measured ours at 113.6 ms against
-MaxText's 158.2 and 162.0 ms: 1.39x and 1.43x. Ours dropless sorts the whole batch's assignments on
-every device (their expert ids gathered) where MaxText's sparse path sorts each device's own tokens.
+Measured with `--moe --rounds=2` (jax 0.12.0.1, 8 logical CPU devices on 2 shared cores, 3.5 min):
+  ours              median step 108.0 ms = 9,480 tokens/s; launch to first step: cold 18.5 s, warm 6.3 s
+  maxtext           median step 163.8 ms = 6,253 tokens/s; launch to first step: cold 15.8 s
+  maxtext_like_ours median step 162.8 ms = 6,292 tokens/s; launch to first step: cold 15.4 s
+  tokens/s ours / maxtext: 1.52x; ours / maxtext_like_ours: 1.51x
+Before model/moe.py ran its experts as [E, B x C, D] (the batch ahead of the experts, 5x slower in bf16
+on XLA:CPU) it was 0.93x and 0.90x. With `--dropless` (the run before that change, 8 min): ours
+dropless 1093.3 ms = 937 tokens/s against MaxText's sparse path 614.5 ms = 1,666 tokens/s, 0.56x: ours
+sorts the whole batch's assignments on every device (their expert ids gathered) where MaxText's sparse
+path sorts each device's own tokens; dropless is ours for one expert shard on GPUs, capacity for CPUs.
 """
 
 import argparse

@@ -28,15 +28,15 @@ On logical CPU devices all devices share the same cores: the ratio, not the abso
 
 Measured (jax 0.12.0.1, 8 logical CPU devices on 2 shared cores; 2 minutes):
   routing   experts  ms/step  tokens/s   model  computed     XLA  sent MB
-  capacity        8    207.1     4,945     6.7       7.9     8.3     37.2
-  every           8    369.6     2,771     6.7      20.9    21.5     37.2
-  dropless        8   1043.0       982     6.7      39.7    42.4     52.3
-  capacity       32    581.3     1,762     6.7       7.9     8.9    136.6
-  every          32   1566.6       654     6.7      77.5    79.9    136.6
-  dropless       32   4920.3       208     6.7     153.0   160.7     52.6
-  tokens/s capacity / every: 1.79x at 8 experts, 2.70x at 32 (capacity / dropless: 5.04x, 8.46x)
+  capacity        8    143.3     7,147     6.7       7.9     8.3     37.2
+  every           8    232.4     4,407     6.7      20.9    21.5     37.2
+  dropless        8   1092.9       937     6.7      39.7    42.4     52.3
+  capacity       32    431.3     2,374     6.7       7.9     8.8    136.3
+  every          32    937.6     1,092     6.7      77.5    79.9    136.3
+  dropless       32   5160.0       198     6.7     153.0   160.7     52.3
+  tokens/s capacity / every: 1.62x at 8 experts, 2.17x at 32 (capacity / dropless: 7.63x, 11.97x)
 Capacity computes 1.18x the active FLOPs at either expert count, every 3.1x and 11.6x. Capacity's step
-still takes 2.8x longer at 32 experts than at 8: its collectives carry 3.7x the bytes and AdamW updates
+still takes 3.0x longer at 32 experts than at 8: its collectives carry 3.7x the bytes and AdamW updates
 3.7x the parameters (13.0M, against 3.5M), work that grows with the expert count on an fsdp mesh.
 """
 
