@@ -18,7 +18,7 @@ from flax import nnx
 from data import synthetic
 from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
-from model import hf_llama, losses, moe
+from model import hf_llama, hf_read, losses, moe
 from model.layers import RopeScaling
 from model.transformer import Decoder
 
@@ -176,9 +176,9 @@ def pretrained_keys(path: str) -> dict:
   return hf_llama.config_keys(hf_llama.read_config(path), os.path.join(path, hf_llama.CONFIG))
 
 
-def open_pretrained(path: str, config, leaves) -> hf_llama.Pretrained:
+def open_pretrained(path: str, config, leaves) -> hf_read.Pretrained:
   """Its safetensors, read slice by slice into our params."""
-  return hf_llama.Pretrained(path, leaves, config.model)
+  return hf_read.Pretrained(path, leaves, config.model)
 
 
 def export_hf(run, out: str, weights: dict) -> list[str]:

@@ -3,9 +3,11 @@
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 # One persistent compilation cache for the whole session, this process and every main.py it starts
 # (they inherit the environment): the same tiny steps compile once, not once per test. Made only
@@ -108,6 +110,33 @@ def run_python(*args, timeout=300, env=None):
   return subprocess.run(
     [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
   )
+
+
+def kill_while_waiting_for_batch(batch: int, *args, workdir: str, checkpoint: int | None = None) -> None:
+  """main.py ARGS (tests/main_with_pauses.py) until its loop waits for global batch `batch` (and, if
+  given, checkpoint `checkpoint` is complete, within 60 s), then kill -9; raises if it ends first."""
+  proc = subprocess.Popen(
+    [sys.executable, "tests/main_with_pauses.py", f"read=60@{batch}", *args, f"--workdir={workdir}"],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  try:
+    for line in proc.stdout:
+      if line.startswith("pause: read"):
+        break
+    else:
+      raise AssertionError(f"no pause: the run ended ({proc.wait()})")
+    deadline = time.time() + 60
+    while checkpoint and not os.path.isdir(os.path.join(workdir, "checkpoints", str(checkpoint))):
+      if time.time() > deadline:
+        break
+      time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+  finally:
+    proc.kill()
+    proc.wait(timeout=30)
 
 
 def valid_png(path) -> bool:

@@ -23,7 +23,7 @@ from flax import nnx
 
 from errors import UserError
 from experiments import lm
-from model import hf_export, hf_llama, hf_moe
+from model import hf_export, hf_llama, hf_moe, hf_read
 from model.sample import generate
 from trainer import components, init_from
 from trainer.config import assemble
@@ -168,7 +168,7 @@ def test_hf_to_ours_to_hf_is_tensor_for_tensor(models, name, tmp_path):
   path, theirs, c, params, _ = models[name]
   out = str(tmp_path / "hf")
   hf_export.write(out, c.model, params, {})
-  original, exported = hf_llama.Tensors(path), hf_llama.Tensors(out)
+  original, exported = hf_read.Tensors(path), hf_read.Tensors(out)
   assert exported.names() == original.names()
   for tensor in original.names():
     everything = (slice(None),) * len(original.shape(tensor))

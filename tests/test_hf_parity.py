@@ -20,7 +20,7 @@ import pytest
 from data import prepare, tokenizers
 from errors import UserError
 from experiments import lm
-from model import hf_export, hf_llama
+from model import hf_export, hf_llama, hf_read
 from model.sample import generate
 from tests.conftest import run_main, run_python
 from trainer import components, init_from
@@ -140,7 +140,7 @@ def test_hf_to_ours_to_hf_is_bit_for_bit(llamas, tmp_path):
     params = jax.device_get(components.init_state(comp, c).params)
     out = str(tmp_path / name / "hf")
     hf_export.write(out, c.model, params, {})
-    original, exported = hf_llama.Tensors(path), hf_llama.Tensors(out)
+    original, exported = hf_read.Tensors(path), hf_read.Tensors(out)
     assert exported.names() == original.names()
     for tensor in original.names():
       everything = (slice(None),) * len(original.shape(tensor))
@@ -213,11 +213,11 @@ def test_files_that_are_not_whole_safetensors_are_one_line(llamas, tmp_path):
     (tmp_path / name).mkdir()
     (tmp_path / name / hf_llama.SINGLE).write_bytes(data)
     with pytest.raises(UserError, match="is not a whole safetensors file"):
-      hf_llama.Tensors(str(tmp_path / name))
+      hf_read.Tensors(str(tmp_path / name))
   (tmp_path / "index").mkdir()
   (tmp_path / "index" / hf_llama.INDEX).write_text("{not json")
   with pytest.raises(UserError, match="has no readable weight_map"):
-    hf_llama.Tensors(str(tmp_path / "index"))
+    hf_read.Tensors(str(tmp_path / "index"))
 
 
 def test_a_trained_run_exports_what_transformers_loads(tmp_path):

@@ -4,17 +4,13 @@ each source's share is in the metrics, and another weighting is another fingerpr
 is refused like any change of data)."""
 
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 from data import mixture, prepare
 from errors import UserError
-from tests.conftest import REPO, read_jsonl, run_main, tiny_config
+from tests.conftest import kill_while_waiting_for_batch, read_jsonl, run_main, tiny_config
 from tests.test_local_launcher import _launch
 
 pytestmark = pytest.mark.slow
@@ -119,31 +115,7 @@ def test_one_process_and_two_see_the_same_mixed_batches_and_a_kill_resumes_them(
   result = _launch("--processes=2", "--cpu_devices=4", "--", *flags, f"--workdir={two}", tag=two, timeout=240)
   assert result.returncode == 0, result.stdout + result.stderr
 
-  proc = subprocess.Popen(
-    [
-      sys.executable,
-      "tests/main_with_pauses.py",
-      "read=60@5",
-      "--cpu_devices=8",
-      *flags,
-      f"--workdir={killed}",
-    ],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
-  try:
-    for line in proc.stdout:
-      if line.startswith("pause: read"):
-        break
-    deadline = time.time() + 60
-    while not os.path.isdir(os.path.join(killed, "checkpoints", "4")) and time.time() < deadline:
-      time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-  finally:
-    proc.kill()
-    proc.wait(timeout=30)
+  kill_while_waiting_for_batch(5, "--cpu_devices=8", *flags, workdir=killed, checkpoint=4)
   assert max(_rows(killed)) < 8
   resumed = run_main("--cpu_devices=8", *flags, f"--workdir={killed}")
   assert resumed.returncode == 0 and "resumed from checkpoint 4" in resumed.stdout, resumed.stderr

@@ -4,13 +4,12 @@ kill -9 mid-run resumes bit for bit; a resume on another expert-axis size contin
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO, read_jsonl, run_main, train_losses
+from tests.conftest import REPO, kill_while_waiting_for_batch, read_jsonl, run_main, train_losses
 
 pytestmark = pytest.mark.slow
 
@@ -48,23 +47,7 @@ def test_first_step_check_kill_resume_and_another_expert_size(tmp_path):
     assert 0.0 <= r["moe_dropped"] < 0.5 and r["router_entropy"] > 0
 
   # kill -9 while the loop waits for global batch 5 (checkpoints 2 and 4 saved or saving), then resume.
-  proc = subprocess.Popen(
-    [sys.executable, "tests/main_with_pauses.py", "read=60@5", *FLAGS, f"--workdir={killed}"],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
-  try:
-    for line in proc.stdout:
-      if line.startswith("pause: read"):
-        break
-    else:
-      raise AssertionError(f"no pause: the run ended ({proc.wait()})")
-    proc.send_signal(signal.SIGKILL)
-  finally:
-    proc.kill()
-    proc.wait(timeout=30)
+  kill_while_waiting_for_batch(5, *FLAGS, workdir=killed)
   result = run_main(*FLAGS, f"--workdir={killed}")
   assert result.returncode == 0, result.stdout + result.stderr
   assert train_losses(killed) == train_losses(whole)  # Bit for bit.

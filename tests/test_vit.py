@@ -135,4 +135,6 @@ def test_a_rank_one_label_array_is_sharded_like_the_batch():
 def _mesh_cfg():
   import ml_collections
 
-  return ml_collections.ConfigDict({"data": 2, "fsdp": 2, "tensor": 2, "dcn_data": 1, "dcn_fsdp": 1})
+  return ml_collections.ConfigDict(
+    {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2, "dcn_data": 1, "dcn_fsdp": 1, "dcn_expert": 1}
+  )

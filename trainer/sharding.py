@@ -9,7 +9,7 @@
 Under every strategy a mixture of experts' expert weights ([experts, embed, mlp]) are split over `expert`
 along their experts, on top of the above (fsdp_tp: experts over expert, embed over fsdp, mlp over
 tensor). The batch is split over `expert` too, so attention is not repeated on every expert shard;
-the routed tokens are exchanged by all-to-all: [batch, experts, capacity, embed] goes from the batch
+the routed rows are exchanged by all-to-all: [batch, experts, capacity, embed] goes from the batch
 split over expert (`moe_batch` keeps data x fsdp) to the experts split over it, and back.
 Under fsdp and fsdp_tp, a parameter of at least `sharding.fsdp_min_size` elements that the rules leave
 unsplit over `fsdp` (a table whose logical axes map to nothing, a fork's own weight) is split
@@ -35,7 +35,7 @@ from trainer import mesh as mesh_lib
 
 _BATCH = (
   ("batch", ("data", "fsdp", "expert")),
-  ("moe_batch", ("data", "fsdp")),  # Routed tokens, once the all-to-all has split their experts.
+  ("moe_batch", ("data", "fsdp")),  # Routed rows, once the all-to-all has split their experts.
   ("experts", "expert"),
   ("act_experts", "expert"),
 )

@@ -76,7 +76,7 @@ KEYS = {
     mesh_size,
     keys.FREE,
     "Expert-parallel axis size within a host: a mixture of experts' experts are split over it (the "
-    "batch too), and tokens reach their experts by all-to-all. 1 for dense models.",
+    "batch too), and routed rows reach their experts by all-to-all. 1 for dense models.",
   ),
   "mesh.tensor": Key(1, mesh_size, keys.FREE, "Tensor-parallel axis size within a host."),
   "mesh.dcn_data": Key(

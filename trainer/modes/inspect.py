@@ -72,7 +72,7 @@ def zero_minimum(
 
 
 def exchange_minimum(experiment, config, mesh_shape: dict) -> tuple[float, str] | None:
-  """(bytes each device must send per step by all-to-all, the formula) for the routed tokens of a
+  """(bytes each device must send per step by all-to-all, the formula) for the routed rows of a
   mixture of experts split over the expert axis, from the experiment's optional
   `routed_bytes_per_example` (the bytes of one example's routed activations there and back in one
   forward pass): each device's examples, all but their 1/e staying, forward and backward."""
@@ -262,7 +262,7 @@ def inspect(config, workdir: str, target_device: str | None = None) -> dict:
   )
   if tr["all_to_all_minimum_bytes_per_device"]:
     console(
-      f"all-to-all {tr['all_to_all_bytes_per_device']:,.0f} B/device against the routed tokens' minimum "
+      f"all-to-all {tr['all_to_all_bytes_per_device']:,.0f} B/device against the routed rows' minimum "
       f"{tr['all_to_all_minimum_bytes_per_device']:,.0f} B ({tr['all_to_all_minimum_formula']}): "
       f"{tr['all_to_all_bytes_per_device'] / tr['all_to_all_minimum_bytes_per_device']:.2f}x"
     )
