@@ -49,6 +49,17 @@ def check_config(config) -> None:
     )
   if m.attention == "cudnn" and jax.default_backend() != "gpu":
     raise UserError(f"model.attention='cudnn' needs GPUs (this run has {jax.default_backend()}): use 'xla'")
+  context = config.mesh.context
+  if context != 1 and m.attention not in ("flash", "auto"):
+    raise UserError(
+      f"mesh.context={context} splits the sequence, which only model.attention='flash' (or 'auto') "
+      f"attends across: got {m.attention!r}"
+    )
+  if context > 1 and config.data.seq_len % (2 * context):
+    raise UserError(
+      f"data.seq_len={config.data.seq_len} must be a multiple of 2 x mesh.context={2 * context}: each "
+      "context device holds an early and a late chunk (model/context.py)"
+    )
   if m.loss_chunk and config.data.seq_len % m.loss_chunk:
     raise UserError(f"model.loss_chunk={m.loss_chunk} must divide data.seq_len={config.data.seq_len}")
   _check_moe(m)
@@ -82,6 +93,8 @@ def build_model(config, rngs: nnx.Rngs) -> Decoder:
     rope_scaling=rope_scaling(m),
     compute_dtype=m.compute_dtype,
     attention=m.attention,
+    context_attention=m.context_attention,
+    attention_block=m.attention_block,
     qk_norm=m.qk_norm,
     scan_layers=m.scan_layers,
     remat=m.remat,

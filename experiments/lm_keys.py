@@ -77,10 +77,25 @@ KEYS = {
   "model.norm_eps": Key(1e-6, real(0.0, low_open=True), keys.MODEL, "RMSNorm's epsilon."),
   "model.attention": Key(
     "einsum",
-    one_of("einsum", "xla", "cudnn", "auto"),
+    one_of("einsum", "flash", "xla", "cudnn", "auto"),
     keys.MODEL,
-    "'einsum' (explicit), or jax.nn.dot_product_attention: 'xla', 'cudnn' (GPUs), or 'auto' (cuDNN on "
-    "GPUs in bfloat16, else XLA). model/layers.py ATTENTION.",
+    "'einsum' (explicit, [B, H, L, L] scores), 'flash' (key/value blocks, no [L, L] array; needed by "
+    "mesh.context > 1), or jax.nn.dot_product_attention: 'xla', 'cudnn' (GPUs), or 'auto' (flash under "
+    "a context axis, else cuDNN on GPUs in bfloat16, else XLA). model/layers.py ATTENTION.",
+  ),
+  "model.context_attention": Key(
+    "ring",
+    one_of("ring", "all_gather"),
+    keys.FREE,
+    "Under mesh.context > 1: 'ring' passes key/value chunks around the context devices (memory ~ L / "
+    "context), 'all_gather' gathers them all once per layer (memory ~ L for K and V). model/context.py.",
+  ),
+  "model.attention_block": Key(
+    512,
+    whole(1),
+    keys.FREE,
+    "'flash': queries and keys per tile (the largest divisor of each chunk's length up to this); the "
+    "scores of one [block, block] tile exist at a time.",
   ),
   "model.qk_norm": Key(
     False,

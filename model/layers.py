@@ -1,7 +1,8 @@
 """Layers the models share, in Flax NNX, each parameter with logical axis names: RMSNorm, RoPE (with
 Llama 3's frequency scaling or without), multi-head attention (causal or not, with or without RoPE,
-with or without Qwen3's RMSNorm of each query and key head; our einsums or
-jax.nn.dot_product_attention), SwiGLU.
+with or without Qwen3's RMSNorm of each query and key head; our einsums, our blockwise flash attention
+(model/flash.py, split over the `context` axis by model/context.py) or jax.nn.dot_product_attention),
+SwiGLU.
 
 Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp.
 """
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from model import context
 from model.partitioning import constrain
 
 _init = nnx.initializers
@@ -69,16 +71,21 @@ def rope(x, positions, freq: np.ndarray):
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-# How attention is computed: 'einsum' (below, explicit), or jax.nn.dot_product_attention with XLA's
-# implementation ('xla') or cuDNN's fused flash attention ('cudnn', GPUs only), or 'auto': cuDNN on GPUs
-# in bfloat16/float16, XLA elsewhere (one recipe for the cluster and the laptop that inspects it).
-# All of them take scores and softmax in float32.
-ATTENTION = ("einsum", "xla", "cudnn", "auto")
+# How attention is computed: 'einsum' (below, explicit: [B, H, L, L] scores), 'flash' (model/flash.py:
+# key/value blocks, no [L, L] array; the only one that can split the sequence over the `context` axis),
+# or jax.nn.dot_product_attention with XLA's implementation ('xla') or cuDNN's fused flash attention
+# ('cudnn', GPUs only), or 'auto': flash under a context axis, else cuDNN on GPUs in bfloat16/float16,
+# else XLA (one recipe for the cluster and the laptop that inspects it). All of them take scores and
+# softmax in float32.
+ATTENTION = ("einsum", "flash", "xla", "cudnn", "auto")
 
 
-def _implementation(impl: str, dtype) -> str:
+def implementation(impl: str, dtype) -> str:
+  """The implementation `impl` compiles to under the installed mesh and rules."""
   if impl != "auto":
     return impl
+  if context.context_size() > 1:
+    return "flash"
   fused = jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
   return "cudnn" if fused else "xla"
 
@@ -101,6 +108,8 @@ class Attention(nnx.Module):
     impl: str = "einsum",
     qk_norm: bool = False,
     norm_eps: float = 1e-6,
+    context_attention: str = "ring",
+    block: int = 512,
     rngs: nnx.Rngs,
   ):
     head_dim, kv_heads = head_dim or dim // num_heads, num_kv_heads or num_heads
@@ -119,11 +128,14 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(head_dim, eps=norm_eps, rngs=rngs)
     self.qk_norm = qk_norm
     self.rope_base, self.rope_scaling = rope_base, rope_scaling
-    self.impl = impl
+    if context_attention not in context.STRATEGIES:
+      raise ValueError(f"context attention {context_attention!r}: use one of {context.STRATEGIES}")
+    self.impl, self.context_attention, self.block = impl, context_attention, block
 
-  def __call__(self, x, positions=None, mask=None, causal=False):
+  def __call__(self, x, positions=None, mask=None, causal=False, segment_ids=None):
     """x [B, L, D]; positions [B, L] for RoPE (None: no RoPE); mask [B, L, L] (None: attend to all,
-    or with `causal` to every earlier position)."""
+    or with `causal` to every earlier position). 'flash' takes no mask: it is causal within
+    `segment_ids` [B, L] by `positions`, and the sequence is in context.balanced_order."""
     dt = x.dtype
     q = jnp.einsum("bld,dhk->blhk", x, self.wq[...].astype(dt))
     k = jnp.einsum("bld,dgk->blgk", x, self.wk[...].astype(dt))
@@ -134,14 +146,23 @@ class Attention(nnx.Module):
     if positions is not None:
       freq = rope_frequencies(q.shape[-1], self.rope_base, self.rope_scaling)
       q, k = rope(q, positions, freq), rope(k, positions, freq)
-    if self.impl != "einsum":
+    impl = implementation(self.impl, dt)
+    if context.context_size() > 1 and impl != "flash":
+      raise ValueError(f"attention {impl!r} cannot split the sequence over the context axis: use 'flash'")
+    if impl == "flash":
+      if not causal or positions is None:
+        raise ValueError("'flash' attention is causal and needs positions")
+      seg = jnp.zeros_like(positions) if segment_ids is None else segment_ids
+      out = context.attention(q, k, v, positions, seg, strategy=self.context_attention, block=self.block)
+      return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))
+    if impl != "einsum":
       out = jax.nn.dot_product_attention(
         q,
         k,
         v,
         mask=None if mask is None else mask[:, None],
         is_causal=causal,  # With a mask too: cuDNN then skips the blocks above the diagonal.
-        implementation=_implementation(self.impl, dt),
+        implementation=impl,
       )
       return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))
     b, n, h, d = q.shape

@@ -12,11 +12,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from model import context
 from model import moe as moe_lib
-from model.layers import Attention, RMSNorm, RopeScaling, SwiGLU, param
+from model.layers import Attention, RMSNorm, RopeScaling, SwiGLU, implementation, param
 from model.partitioning import constrain
 
 _init = nnx.initializers
@@ -41,8 +43,9 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(dim, eps=norm_eps, rngs=rngs)
     self.mlp = moe_lib.MoE(dim, rngs=rngs, **moe) if moe else SwiGLU(dim, mlp_dim, rngs=rngs)
 
-  def __call__(self, x, positions, mask, token_mask=None):
-    x = x + checkpoint_name(self.attn(self.attn_norm(x), positions, mask, causal=True), "attn_out")
+  def __call__(self, x, positions, mask, token_mask=None, segment_ids=None):
+    attn = self.attn(self.attn_norm(x), positions, mask, causal=True, segment_ids=segment_ids)
+    x = x + checkpoint_name(attn, "attn_out")
     aux = None
     if isinstance(self.mlp, moe_lib.MoE):
       y, aux = self.mlp(self.mlp_norm(x), token_mask)
@@ -70,6 +73,8 @@ class Decoder(nnx.Module):
     norm_eps: float = 1e-6,
     rope_scaling: RopeScaling | None = None,
     attention: str = "einsum",
+    context_attention: str = "ring",
+    attention_block: int = 512,
     qk_norm: bool = False,
     scan_layers: bool = False,
     remat: str = "none",
@@ -98,6 +103,8 @@ class Decoder(nnx.Module):
       rope_scaling=rope_scaling,
       impl=attention,
       qk_norm=qk_norm,
+      context_attention=context_attention,
+      block=attention_block,
     )
     # Tied: the table also unembeds, so it starts small (1/sqrt(D)), and lookups are scaled back up;
     # Llama's tied table (scale_tied_embeddings=False) is looked up as it is.
@@ -134,6 +141,7 @@ class Decoder(nnx.Module):
     if not tie_embeddings:
       self.unembed = param(rngs, _init.lecun_normal(), (embed_dim, vocab_size), ("embed", "vocab"))
     self.compute_dtype = jnp.dtype(compute_dtype)
+    self.attention = attention
     self.scan_layers, self.remat, self.tie_embeddings = scan_layers, remat, tie_embeddings
     # How its loss is taken (model/losses.py): z-loss weight and positions per logits chunk.
     self.z_loss, self.loss_chunk = z_loss, loss_chunk
@@ -149,14 +157,24 @@ class Decoder(nnx.Module):
     """Tokens [B, L] -> (hidden states [B, L, D], the MoE layers' auxiliary sums added up, model/moe.py,
     over the tokens of `token_mask` [B, L] (None: all); None without MoE layers)."""
     b, n = tokens.shape
-    mask = None  # Plain causal attention, which fused kernels do without a mask array.
-    if positions is not None or segment_ids is not None:  # Packed: attend only within the document.
-      positions = jnp.broadcast_to(jnp.arange(n), (b, n)) if positions is None else positions
-      mask = positions[:, :, None] >= positions[:, None, :]  # [B, L, L]
+    flash = implementation(self.attention, self.compute_dtype) == "flash"
+    mask, order = None, None  # None: plain causal attention, which fused kernels do without a mask array.
+    packed = positions is not None or segment_ids is not None
+    positions = jnp.broadcast_to(jnp.arange(n), (b, n)) if positions is None else positions
+    if flash:  # Masks per key/value block from positions and segment ids; the sequence balanced.
+      segment_ids = jnp.zeros_like(positions) if segment_ids is None else segment_ids
+      c = context.context_size()
+      if c > 1:
+        order = context.balanced_order(n, c)
+        tokens, positions, segment_ids = (
+          jnp.take(a, order, axis=1) for a in (tokens, positions, segment_ids)
+        )
+        token_mask = None if token_mask is None else jnp.take(token_mask, order, axis=1)
+    elif packed:  # Attend only within the document: a [B, L, L] mask.
+      mask = positions[:, :, None] >= positions[:, None, :]
       if segment_ids is not None:
         mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
-    else:
-      positions = jnp.broadcast_to(jnp.arange(n), (b, n))
+      segment_ids = None
     x = jnp.take(self.embed[...], tokens, axis=0).astype(self.compute_dtype)
     if self.scale_embed:
       x = x * jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype))
@@ -165,7 +183,7 @@ class Decoder(nnx.Module):
 
     def block_fn(block, carry):
       x, aux = carry
-      x, block_aux = block(x, positions, mask, token_mask)
+      x, block_aux = block(x, positions, mask, token_mask, segment_ids)
       return x, aux if block_aux is None else jax.tree.map(jnp.add, aux, block_aux)
 
     if self.remat != "none":
@@ -183,6 +201,8 @@ class Decoder(nnx.Module):
     else:
       for block in self.blocks:
         x, aux = block_fn(block, (x, aux))
+    if order is not None:  # Back to the sequence's order, for the loss and whoever reads the states.
+      x = constrain(jnp.take(x, np.argsort(order), axis=1), ("batch", "act_seq", "act_embed"))
     return self.final_norm(x), aux
 
   def logits(self, h):

@@ -21,7 +21,7 @@ def _cfg(mesh, strategy):
 
 def test_data_parallel_replicates_params_and_all_reduces_gradients_over_data():
   out = report(_cfg((8, 1, 1), "dp"))
-  assert out["mesh"] == {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
+  assert out["mesh"] == {"data": 8, "fsdp": 1, "expert": 1, "context": 1, "tensor": 1}
   assert all(d["logical_cpu"] for d in out["devices"]) and len(out["devices"]) == 8
   for p in out["params"]:
     assert p["bytes_per_device"] == p["bytes_total"]

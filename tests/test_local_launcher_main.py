@@ -55,7 +55,7 @@ def test_two_processes_train_like_one(five_steps):
   assert all(line.startswith(("[p0] ", "[p1] ")) for line in result.stdout.splitlines()), result.stdout
   assert all(line.startswith(("[p0] ", "[p1] ", "[launch] ")) for line in result.stderr.splitlines())
   assert "[p0] step 5/5" in result.stdout
-  assert "mesh {'data': 2, 'fsdp': 2, 'expert': 1, 'tensor': 2}" in result.stdout
+  assert "mesh {'data': 2, 'fsdp': 2, 'expert': 1, 'context': 1, 'tensor': 2}" in result.stdout
   assert (two / "processes" / "process_0.jsonl").exists()
   assert (two / "processes" / "process_1.jsonl").exists()
   _assert_close(train_losses(str(two)), train_losses(str(one)), range(1, 6))

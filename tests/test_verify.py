@@ -151,7 +151,10 @@ def test_verify_in_two_processes_prints_every_property_and_passes(tmp_path):
   out = "\n".join(
     line.removeprefix("[p0] ") for line in result.stdout.splitlines() if line.startswith("[p0] ")
   )
-  assert "logical CPU devices" in out and "mesh {'data': 2, 'fsdp': 2, 'expert': 1, 'tensor': 2}" in out
+  assert (
+    "logical CPU devices" in out
+    and "mesh {'data': 2, 'fsdp': 2, 'expert': 1, 'context': 1, 'tensor': 2}" in out
+  )
   assert "step 2 with 5 valid" in out  # One device's rows partly padding, two devices' only padding.
   for prop in PROPERTIES:
     assert any(line.startswith(prop) and "PASS" in line for line in out.splitlines()), prop
@@ -160,7 +163,13 @@ def test_verify_in_two_processes_prints_every_property_and_passes(tmp_path):
   assert out.strip().endswith("verify: PASS")
   with open(os.path.join(tmp_path, "verify.json")) as f:
     report = json.load(f)
-  assert report["verdict"] == "PASS" and report["mesh"] == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
+  assert report["verdict"] == "PASS" and report["mesh"] == {
+    "data": 2,
+    "fsdp": 2,
+    "expert": 1,
+    "context": 1,
+    "tensor": 2,
+  }
   assert report["microbatches"] == 2 and report["compute_dtype"] == "float32"
   assert report["tolerance"] == {"loss_relative": 1e-5, "norm_ratio": 1e-3}
   assert {p["name"] for p in report["properties"]} == set(PROPERTIES)

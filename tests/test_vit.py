@@ -136,5 +136,14 @@ def _mesh_cfg():
   import ml_collections
 
   return ml_collections.ConfigDict(
-    {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2, "dcn_data": 1, "dcn_fsdp": 1, "dcn_expert": 1}
+    {
+      "data": 2,
+      "fsdp": 2,
+      "expert": 1,
+      "context": 1,
+      "tensor": 2,
+      "dcn_data": 1,
+      "dcn_fsdp": 1,
+      "dcn_expert": 1,
+    }
   )

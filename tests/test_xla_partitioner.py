@@ -104,10 +104,14 @@ def test_another_layout_is_another_program_and_an_invalid_one_is_skipped(tmp_pat
     str(tmp_path / "a"),
   )
   out = capsys.readouterr().out
-  assert "agree with mesh {'data': 1, 'fsdp': 8, 'expert': 1, 'tensor': 1} (strategy fsdp)" in out, out
+  assert (
+    "agree with mesh {'data': 1, 'fsdp': 8, 'expert': 1, 'context': 1, 'tensor': 1} (strategy fsdp)" in out
+  ), out
   train(tiny_config(steps=1, global_batch_size=12, **{"checks.first_step": True}), str(tmp_path / "b"))
   out = capsys.readouterr().out
-  assert "agree with mesh {'data': 1, 'fsdp': 4, 'expert': 1, 'tensor': 2} (strategy fsdp_tp)" in out, out
+  assert (
+    "agree with mesh {'data': 1, 'fsdp': 4, 'expert': 1, 'context': 1, 'tensor': 2} (strategy fsdp_tp)" in out
+  ), out
 
 
 def test_without_another_program_the_start_says_the_check_could_not_run(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""The device mesh (data, fsdp, expert, tensor) from config, and logical-rule shardings on it."""
+"""The device mesh (data, fsdp, expert, context, tensor) from config, and logical-rule shardings on it."""
 
 import math
 
@@ -13,15 +13,16 @@ from model.partitioning import logical_to_spec
 
 # Outermost first: an axis's collectives run over devices that far apart in the device order. The
 # batch is split over data, fsdp and expert (trainer/sharding.py), the experts over expert, so
-# attention is not repeated on every expert shard; tensor, innermost, takes the fastest links.
-AXES = ("data", "fsdp", "expert", "tensor")
-# The axes that may also span hosts (`mesh.dcn_<axis>`): tensor parallelism's per-layer collectives
-# need within-host links.
+# attention is not repeated on every expert shard; context splits the activations' sequence (its
+# keys and values travel a ring every layer); tensor, innermost, takes the fastest links.
+AXES = ("data", "fsdp", "expert", "context", "tensor")
+# The axes that may also span hosts (`mesh.dcn_<axis>`): tensor and context parallelism's per-layer
+# collectives need within-host links, and a process reads whole rows, its devices their chunks.
 ACROSS_HOSTS = ("data", "fsdp", "expert")
 
 
 def dcn_shape(mesh_cfg) -> tuple[int, ...]:
-  """Each axis's across-host size (1 for tensor)."""
+  """Each axis's across-host size (1 for context and tensor)."""
   return tuple(mesh_cfg[f"dcn_{a}"] if a in ACROSS_HOSTS else 1 for a in AXES)
 
 
@@ -35,14 +36,15 @@ def resolve_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
     return (1,) * len(AXES)
   dcn = dcn_shape(mesh_cfg)
   ici = [mesh_cfg[a] for a in AXES]
+  across = [mesh_cfg[f"dcn_{a}"] for a in ACROSS_HOSTS]
   if ici.count(-1) > 1:
     raise UserError(f"at most one of {', '.join(f'mesh.{a}' for a in AXES)} may be -1")
   if any(s == 0 or s < -1 for s in ici) or any(s < 1 for s in dcn):
-    raise UserError(f"mesh sizes must be positive (or one -1): got {ici}, dcn {list(dcn[:-1])}")
+    raise UserError(f"mesh sizes must be positive (or one -1): got {ici}, dcn {across}")
   known = math.prod(s for s in ici if s != -1) * math.prod(dcn)
   if -1 in ici:
     if num_devices % known:
-      raise UserError(f"mesh axes {ici} x dcn {list(dcn[:-1])} cannot divide {num_devices} devices")
+      raise UserError(f"mesh axes {ici} x dcn {across} cannot divide {num_devices} devices")
     ici[ici.index(-1)] = num_devices // known
   shape = tuple(i * d for i, d in zip(ici, dcn, strict=True))
   if math.prod(shape) != num_devices:

@@ -11,6 +11,8 @@ along their experts, on top of the above (fsdp_tp: experts over expert, embed ov
 tensor). The batch is split over `expert` too, so attention is not repeated on every expert shard;
 the routed rows are exchanged by all-to-all: [batch, experts, capacity, embed] goes from the batch
 split over expert (`moe_batch` keeps data x fsdp) to the experts split over it, and back.
+Under every strategy the activations' sequence (`act_seq`) is split over `context`; the batch arrays
+arrive split by rows only, and each device takes its chunk of its rows' columns without communication.
 Under fsdp and fsdp_tp, a parameter of at least `sharding.fsdp_min_size` elements that the rules leave
 unsplit over `fsdp` (a table whose logical axes map to nothing, a fork's own weight) is split
 along its largest dimension that can take it (`fsdp_spec`): per-device parameter and optimizer bytes
@@ -35,6 +37,7 @@ from trainer import mesh as mesh_lib
 
 _BATCH = (
   ("batch", ("data", "fsdp", "expert")),
+  ("act_seq", "context"),  # The sequence of every activation (model/context.py attends across it).
   ("moe_batch", ("data", "fsdp")),  # Routed rows, once the all-to-all has split their experts.
   ("experts", "expert"),
   ("act_experts", "expert"),
@@ -45,7 +48,6 @@ _COMMON = (
   ("layers", None),
   ("kv", None),
   ("norm", None),
-  ("act_seq", None),
   ("act_embed", None),
   ("act_kv", None),
 )

@@ -51,16 +51,16 @@ class NonFiniteFirstStep(UserError):
   exit_code = failures.NONFINITE_FIRST_STEP_EXIT
 
 
-def candidates(devices, expert: int = 1) -> list:
+def candidates(devices, expert: int = 1, context: int = 1) -> list:
   """Other partitionings of the same devices, most replicated first: (mesh sizes in AXES order,
   strategy). Models that fit only sharded get pure FSDP, or FSDP over half the devices with data or
-  tensor over two. The expert axis keeps its size: a mixture of experts that fits only with its
-  experts split has no replicated layout, and the other layout then checks the rest of the split."""
-  n = len(devices) // expert
-  halves = (
-    [((2, n // 2, expert, 1), "fsdp"), ((1, n // 2, expert, 2), "fsdp_tp")] if n % 2 == 0 and n > 2 else []
-  )
-  return [((n, 1, expert, 1), "dp"), ((1, n, expert, 1), "fsdp"), *halves]
+  tensor over two. The expert and context axes keep their sizes: a mixture of experts that fits only
+  with its experts split, or a sequence that fits only split, has no replicated layout, and the other
+  layout then checks the rest of the split."""
+  n = len(devices) // (expert * context)
+  e, c = expert, context
+  halves = [((2, n // 2, e, c, 1), "fsdp"), ((1, n // 2, e, c, 2), "fsdp_tp")] if n % 2 == 0 and n > 2 else []
+  return [((n, 1, e, c, 1), "dp"), ((1, n, e, c, 1), "fsdp"), *halves]
 
 
 def other_config(config, sizes, strategy):
@@ -145,7 +145,7 @@ class FirstStepCheck:
       self.mine = make_train_step(comp, m, with_grads=True).lower(state_shapes, batch_shapes).compile()
     mine_print, skipped = _fingerprint(self.mine), []
     mine_device = next(d for d in devices if d.process_index == jax.process_index())
-    for sizes, strategy in candidates(devices, comp.mesh.shape["expert"]):
+    for sizes, strategy in candidates(devices, comp.mesh.shape["expert"], comp.mesh.shape["context"]):
       label = f"mesh {dict(zip(mesh_lib.AXES, sizes, strict=True))} (strategy {strategy})"
       try:  # The same config on every process: each decides alike.
         other = components.build(other_config(config, sizes, strategy), devices, with_data=False)

@@ -78,6 +78,13 @@ KEYS = {
     "Expert-parallel axis size within a host: a mixture of experts' experts are split over it (the "
     "batch too), and routed rows reach their experts by all-to-all. 1 for dense models.",
   ),
+  "mesh.context": Key(
+    1,
+    mesh_size,
+    keys.FREE,
+    "Context-parallel axis size within a host: every activation's sequence is split over it and attention "
+    "reaches across by a ring or an all-gather (model.context_attention); 1: whole sequences.",
+  ),
   "mesh.tensor": Key(1, mesh_size, keys.FREE, "Tensor-parallel axis size within a host."),
   "mesh.dcn_data": Key(
     1, whole(1), keys.FREE, "Data-parallel axis size across hosts or slices (outer, slow links)."

@@ -1,0 +1,120 @@
+"""Causal attention over a sequence split across the `context` mesh axis (context parallelism).
+
+The rules map the activations' sequence axis (`act_seq`) onto mesh axes; their size c is the context
+size. The sequence is cut into 2c chunks and device i holds chunks i and 2c-1-i (`balanced_order`:
+the decoder permutes its tokens so, and back at the end), so under the causal mask every device has the
+same work: a late chunk sees much, an early one little. Each device attends its two query chunks to
+every key/value chunk not after them, with model/flash.py's blocks, and combines the pieces by their
+log-sum-exp; pairs that the causal order masks whole are skipped (`lax.cond`). Two strategies:
+  ring        key/value chunks travel around the ring by `ppermute`, c - 1 hops: each device holds two
+              chunks at a time (memory ~ L / c), and on GPUs the next hop overlaps the current pair.
+  all_gather  every device gathers all keys and values once (memory ~ L for K and V, one collective
+              per layer, less latency): pays while K/V are small next to activations (GQA, short L).
+Masks come from positions and segment ids, never from array indices, so packed documents and RoPE
+stay correct under any order.
+
+The same code runs without a context axis (c = 1: two chunks, no collective), inside a shard_map over
+every mesh axis, so every device computes its own shard's blocks.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax.core import spmd
+from jax.sharding import PartitionSpec as P
+
+from model import flash
+from model.partitioning import logical_to_spec
+
+STRATEGIES = ("ring", "all_gather")
+
+
+def _seq_axes(rules) -> tuple[str, ...]:
+  entry = logical_to_spec(("act_seq",), rules)[0]
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def context_size() -> int:
+  """The number of devices the sequence is split over under the installed rules and mesh (1 outside)."""
+  rules, mesh = spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
+  if not rules or mesh.empty:
+    return 1
+  return int(np.prod([mesh.shape[a] for a in _seq_axes(rules)], dtype=int))
+
+
+def balanced_order(length: int, c: int) -> np.ndarray:
+  """Indices that reorder a sequence of `length` so that a contiguous split into c parts gives part i
+  the chunks i and 2c-1-i of 2c (identity for c = 1)."""
+  if length % (2 * c):
+    raise ValueError(f"sequence length {length} must be a multiple of 2 x context ({2 * c})")
+  chunks = np.arange(length).reshape(2 * c, -1)
+  return np.concatenate([np.concatenate([chunks[i], chunks[2 * c - 1 - i]]) for i in range(c)])
+
+
+def _pair(q, qp, qs, q_id, kv, kv_id, block):
+  """One query chunk against one key/value chunk: (out, lse), or nothing when the key chunk comes after
+  the query chunk (the causal order masks it whole)."""
+  k, v, kp, ks = kv
+
+  def attend():
+    return flash.attend(q, k, v, qp, kp, qs, ks, block=block)
+
+  def skip():
+    b, n, h, d = q.shape
+    return jnp.zeros((b, n, h, d), jnp.float32), jnp.full((b, n, h), flash.NEG, jnp.float32)
+
+  if isinstance(q_id, int) and isinstance(kv_id, int):
+    return attend() if kv_id <= q_id else skip()
+  return jax.lax.cond(kv_id <= q_id, attend, skip)
+
+
+def _local(q, k, v, pos, seg, *, axes, c, strategy, block):
+  """Inside shard_map: this device's queries [b, L/c, H, K] against every key chunk."""
+  i = jax.lax.axis_index(axes) if c > 1 else 0
+  halves = lambda x: jnp.split(x, 2, axis=1)  # noqa: E731
+  q_halves = list(zip(halves(q), halves(pos), halves(seg), (i, 2 * c - 1 - i), strict=True))
+  acc = [None, None]
+
+  def add(kv, src):
+    for j, (kh, vh, ph, sh) in enumerate(zip(*map(halves, kv), strict=True)):
+      kv_id = src if j == 0 else 2 * c - 1 - src
+      for n, (qh, qph, qsh, q_id) in enumerate(q_halves):
+        out, lse = _pair(qh, qph, qsh, q_id, (kh, vh, ph, sh), kv_id, block)
+        acc[n] = (out, lse) if acc[n] is None else flash.merge(*acc[n], out, lse)
+
+  kv = (k, v, pos, seg)
+  if strategy == "all_gather" and c > 1:
+    gathered = [jax.lax.all_gather(x, axes, axis=0) for x in kv]  # [c, b, L/c, ...]
+    for src in range(c):
+      add([x[src] for x in gathered], src)
+  else:
+    for hop in range(c):
+      add(kv, (i - hop) % c if c > 1 else 0)
+      if hop < c - 1:  # Device i passes what it holds to i + 1, so it next holds i - hop - 1's chunks.
+        kv = [jax.lax.ppermute(x, axes, [(s, (s + 1) % c) for s in range(c)]) for x in kv]
+  return jnp.concatenate([acc[0][0], acc[1][0]], axis=1).astype(q.dtype)
+
+
+def attention(q, k, v, positions, segment_ids, *, strategy: str = "ring", block: int = 512):
+  """Causal attention within segments of q [B, L, H, K] on k, v [B, L, G, K] held in `balanced_order`
+  for the installed context size; positions and segment_ids [B, L] int. Returns [B, L, H, K]."""
+  if strategy not in STRATEGIES:
+    raise ValueError(f"context attention {strategy!r}: use one of {STRATEGIES}")
+  rules, mesh = spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
+  if not rules or mesh.empty:
+    return _local(q, k, v, positions, segment_ids, axes=(), c=1, strategy=strategy, block=block)
+  axes = _seq_axes(rules)
+  c = context_size()
+  q_spec = logical_to_spec(("batch", "act_seq", "act_heads", "act_kv"), rules)
+  row_spec = P(*q_spec[:2])
+
+  def local(q, k, v, pos, seg):
+    return _local(q, k, v, pos, seg, axes=axes, c=c, strategy=strategy, block=block)
+
+  return jax.shard_map(
+    local,
+    mesh=mesh,
+    in_specs=(q_spec, q_spec, q_spec, row_spec, row_spec),
+    out_specs=q_spec,
+    check_vma=False,
+  )(q, k, v, positions, segment_ids)
