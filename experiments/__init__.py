@@ -83,6 +83,9 @@ Optional:
       Bytes of one example's activations a mixture of experts sends to its experts and back in one
       forward pass (the LM: capacity routing's [experts, capacity, embed] buffers per MoE layer):
       --mode=inspect holds the all-to-alls over the expert axis against it. 0 or absent: not shown.
+  inspect_notes(config, mesh_shape) -> list[str]
+      Lines --mode=inspect prints (and writes as inspect.json's experiment_notes) about how the step
+      computes on this mesh ({axis: size}): the LM names the attention implementation it compiled.
 
 What the trainer guarantees:
   - Global batch t holds the same records in the same order on any number of devices and processes;

@@ -18,8 +18,8 @@ from flax import nnx
 from data import synthetic
 from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
-from model import hf_llama, hf_read, losses, moe
-from model.layers import RopeScaling
+from model import flash, hf_llama, hf_read, losses, moe
+from model.layers import RopeScaling, implementation
 from model.transformer import Decoder
 
 UNIT = "tokens"
@@ -327,6 +327,22 @@ def model_flops_per_example(config, param_count: int) -> float:
     matmul_params -= idle
   width = m.num_heads * (m.head_dim or m.embed_dim // m.num_heads)
   return seq * (6 * matmul_params + 12 * m.num_layers * width * seq)
+
+
+def inspect_notes(config, mesh_shape: dict) -> list[str]:
+  """The attention implementation this mesh compiles, and how a split sequence is attended."""
+  m, n, c = config.model, config.data.seq_len, mesh_shape.get("context", 1)
+  impl = implementation(m.attention, m.compute_dtype, c)
+  if impl != "flash":
+    scores = "[B, H, L, L] scores" if impl in ("einsum", "xla") else "fused, no score array"
+    return [f"attention: {impl} ({scores}, L = {n})"]
+  chunk = n // (2 * c)
+  tile = flash.block_size(chunk, m.attention_block)
+  how = f"context {c} by {m.context_attention}: " if c > 1 else "no context axis: "
+  return [
+    f"attention: flash (model/flash.py), {how}each device holds chunks of {chunk} tokens, early and "
+    f"late; tiles of [{tile}, {tile}] scores, no [L, L] array (L = {n})"
+  ]
 
 
 def routed_bytes_per_example(config) -> float:

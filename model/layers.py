@@ -80,11 +80,12 @@ def rope(x, positions, freq: np.ndarray):
 ATTENTION = ("einsum", "flash", "xla", "cudnn", "auto")
 
 
-def implementation(impl: str, dtype) -> str:
-  """The implementation `impl` compiles to under the installed mesh and rules."""
+def implementation(impl: str, dtype, context_size: int | None = None) -> str:
+  """The implementation `impl` compiles to with the sequence split `context_size` ways (None: as the
+  installed mesh and rules split it)."""
   if impl != "auto":
     return impl
-  if context.context_size() > 1:
+  if (context.context_size() if context_size is None else context_size) > 1:
     return "flash"
   fused = jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
   return "cudnn" if fused else "xla"

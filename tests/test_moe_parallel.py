@@ -28,7 +28,7 @@ def test_verify_in_two_processes_on_an_expert_mesh_passes(tmp_path):
   result = subprocess.run([*launcher, "--", *flags], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   out = result.stdout
-  assert "mesh {'data': 2, 'fsdp': 2, 'expert': 2, 'tensor': 1}" in out, out
+  assert "mesh {'data': 2, 'fsdp': 2, 'expert': 2, 'context': 1, 'tensor': 1}" in out, out
   assert "mesh_vs_one       3  blocks/0/mlp " in out and out.strip().endswith("verify: PASS"), out
 
 
@@ -37,7 +37,8 @@ def test_first_step_check_kill_resume_and_another_expert_size(tmp_path):
   result = run_main(*FLAGS, "--config.checks.first_step=True", f"--workdir={whole}")
   assert result.returncode == 0, result.stdout + result.stderr
   # The routed step against another layout that keeps the experts split.
-  assert "agree with mesh {'data': 4, 'fsdp': 1, 'expert': 2, 'tensor': 1} (strategy dp)" in result.stdout
+  other = "agree with mesh {'data': 4, 'fsdp': 1, 'expert': 2, 'context': 1, 'tensor': 1} (strategy dp)"
+  assert other in result.stdout
   rows = _rows(whole)
   assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
   for r in rows:

@@ -132,12 +132,13 @@ def test_same_mesh_is_bitwise_reproducible():
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("packing", [True, False])
-def test_packed_padded_documents_match_a_reference_that_runs_each_document_alone(tmp_path, packing):
+@pytest.mark.parametrize("packing,context", [(True, 1), (False, 1), (True, 4)])
+def test_packed_padded_documents_match_a_reference_that_runs_each_document_alone(tmp_path, packing, context):
   """Real prepared records: documents of many lengths, each followed by eos, the last record padded.
   The reference sees only the stored tokens, cut into documents (packing) and at the first pad: no
   weights, masks, segment ids or positions. Two steps cover the whole epoch, the second partly padding.
-  Packed, the masks go through jax.nn.dot_product_attention and a scanned model."""
+  Packed, the masks go through jax.nn.dot_product_attention and a scanned model; with a context axis,
+  the sequence is split over 4 devices, reordered early and late chunks, and attended by a ring."""
   from data import prepare
 
   rng = np.random.default_rng(0)
@@ -146,6 +147,7 @@ def test_packed_padded_documents_match_a_reference_that_runs_each_document_alone
   meta = prepare.prepare([str(tmp_path / "doc*.txt")], str(tmp_path / "ds"), seq_len=16, eval_fraction=0)
   train_records = meta["num_records"]["train"]
   assert 16 < train_records < 32 and meta["valid_tokens_in_last_record"]["train"] < 17
+  split = {"mesh.context": context, "mesh.fsdp": 1, "mesh.tensor": 1, "model.attention": "flash"}
   config = _config(
     (2, 2, 2),
     "fsdp_tp",
@@ -157,6 +159,7 @@ def test_packed_padded_documents_match_a_reference_that_runs_each_document_alone
       "model.vocab_size": prepare.BYTE_VOCAB_SIZE,
       "eval_steps": 0,
       **({"model.attention": "xla", "model.scan_layers": True} if packing else {}),
+      **(split | {"model.attention_block": 2} if context > 1 else {}),
     },
   )
   theta0, metrics, state, comp = run_steps(config, jax.devices(), 2)

@@ -50,24 +50,27 @@ def zero_minimum(
   (n-1)/n a ring's share. dp all-reduces gradients over the batch axes (2Ψ); zero1 reduce-scatters
   them and all-gathers the updated parameters (2Ψ); fsdp all-gathers parameters in the forward and
   backward passes and reduce-scatters gradients over fsdp (3Ψ), then all-reduces its shard of the
-  gradients over the replicas (data x expert). Tensor parallelism splits Ψ first; its activation
-  traffic is not counted. Expert weights (`expert_bytes` of Ψ, split over the expert axis) count as
-  one device's share Ψe/e, their replicas over data alone: the batch's split over expert is theirs."""
-  d, f, e, t = (mesh_shape.get(a, 1) for a in ("data", "fsdp", "expert", "tensor"))
+  gradients over the replicas (data x expert x context: context splits each sequence's tokens, so
+  its devices hold partial gradients too). Tensor parallelism splits Ψ first; its activation traffic
+  is not counted, nor context's keys and values. Expert weights (`expert_bytes` of Ψ, split over the
+  expert axis) count as one device's share Ψe/e, their replicas over data and context alone: the
+  batch's split over expert is theirs."""
+  d, f, e, c, t = (mesh_shape.get(a, 1) for a in ("data", "fsdp", "expert", "context", "tensor"))
   share = lambda n: (n - 1) / n
   dense, experts = param_bytes - expert_bytes, expert_bytes / e
   of = f", Ψe/e = {experts:,.0f} B of expert weights" if expert_bytes else ""
+  ctx = " x context" if c > 1 else ""
   if strategy in ("dp", "zero1"):
-    minimum = 2 * dense * share(d * f * e) + 2 * experts * share(d * f)
-    return minimum, f"2Ψ(n-1)/n, n = data x fsdp x expert = {d * f * e}" + (
-      f" (n = data x fsdp = {d * f} for experts{of})" if expert_bytes else ""
+    minimum = 2 * dense * share(d * f * e * c) + 2 * experts * share(d * f * c)
+    return minimum, f"2Ψ(n-1)/n, n = data x fsdp x expert{ctx} = {d * f * e * c}" + (
+      f" (n = data x fsdp{ctx} = {d * f * c} for experts{of})" if expert_bytes else ""
     )
   t = t if strategy == "fsdp_tp" else 1
   ring = lambda psi, r: 3 * psi * share(f) + 2 * (psi / f) * share(r)
   tp = f"Ψ/tensor({t}) " if t > 1 else ""
-  formula = f"{tp}3Ψ(f-1)/f + 2(Ψ/f)(r-1)/r, f = fsdp = {f}, r = data x expert = {d * e}"
-  return ring(dense / t, d * e) + ring(experts / t, d), formula + (
-    f" (r = data = {d} for experts{of})" if expert_bytes else ""
+  formula = f"{tp}3Ψ(f-1)/f + 2(Ψ/f)(r-1)/r, f = fsdp = {f}, r = data x expert{ctx} = {d * e * c}"
+  return ring(dense / t, d * e * c) + ring(experts / t, d * c), formula + (
+    f" (r = data{ctx} = {d * c} for experts{of})" if expert_bytes else ""
   )
 
 
@@ -144,9 +147,14 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
   param_bytes = sum(p["bytes_total"] for p in params)
   expert_bytes = sum(p["bytes_total"] for p in params if "experts" in p["logical_axes"])
   minimum, formula = zero_minimum(config.sharding.strategy, dict(comp.mesh.shape), param_bytes, expert_bytes)
-  # The all-to-alls move activations, not parameters: held against their own minimum.
-  sent = sum(e["sent_bytes_per_device"] for e in table if e["kind"] != "all-to-all")
+  # All-to-alls (routed rows) and collective-permutes (a context ring's keys and values) move
+  # activations, not parameters: apart from the parameter traffic, the all-to-alls against their own
+  # minimum.
+  sent = sum(
+    e["sent_bytes_per_device"] for e in table if e["kind"] not in ("all-to-all", "collective-permute")
+  )
   exchanged = sum(e["sent_bytes_per_device"] for e in table if e["kind"] == "all-to-all")
+  permuted = sum(e["sent_bytes_per_device"] for e in table if e["kind"] == "collective-permute")
   exchange = exchange_minimum(comp.experiment, config, dict(comp.mesh.shape))
   per_device = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
   per_device += memory.temp_size_in_bytes
@@ -201,10 +209,15 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
       "minimum_formula": formula,
       "ratio": sent / minimum if minimum else None,
       "all_to_all_bytes_per_device": exchanged,
+      "collective_permute_bytes_per_device": permuted,
       "all_to_all_minimum_bytes_per_device": None if exchange is None else exchange[0],
       "all_to_all_minimum_formula": None if exchange is None else exchange[1],
     },
     "expert_placement": expert_placement(params, dict(comp.mesh.shape)),
+    # The experiment's own account of what compiled (the LM: its attention implementation).
+    "experiment_notes": list(
+      getattr(comp.experiment, "inspect_notes", lambda c, m: [])(config, dict(comp.mesh.shape))
+    ),
     "target_device": None
     if accelerator is None
     else {
@@ -259,6 +272,7 @@ def inspect(config, workdir: str, target_device: str | None = None) -> dict:
     f"traffic {tr['sent_bytes_per_device']:,.0f} B/device against the {out['strategy']} minimum "
     f"{tr['zero_minimum_bytes_per_device']:,.0f} B ({tr['minimum_formula']}): {ratio}"
     + (" (all-to-alls apart)" if tr["all_to_all_bytes_per_device"] else "")
+    + (" (collective-permutes apart)" if tr["collective_permute_bytes_per_device"] else "")
   )
   if tr["all_to_all_minimum_bytes_per_device"]:
     console(
@@ -268,6 +282,8 @@ def inspect(config, workdir: str, target_device: str | None = None) -> dict:
     )
   for line in out["expert_placement"]:
     console(f"placement: {line}")
+  for line in out["experiment_notes"]:
+    console(line)
   if (dev := out["target_device"]) is not None:
     verdict = "fits" if dev["fits"] else "does NOT fit"
     console(

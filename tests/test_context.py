@@ -1,0 +1,139 @@
+"""Context parallelism: the sequence split over the `context` mesh axis. Flash, ring and all-gather
+attention equal plain attention with packed documents and grouped heads, forward and backward; no
+[L, L] array is compiled; context 4 trains the same losses as context 1 step by step; verify passes
+across two processes; a checkpoint resumes onto another context size; bad configs get one line."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from model import context, flash
+from tests.conftest import REPO, run_main, tiny_config, train_losses
+from tests.objective_harness import run_steps
+
+TOL = 1e-5  # float32: relative to the largest entry, forward and gradients.
+
+
+def _plain(q, k, v, pos, seg):
+  """[B, H, L, L] scores, masked within segments by position: what the blocks must equal."""
+  b, n, h, d = q.shape
+  g = k.shape[2]
+  s = jnp.einsum("blgrk,bmgk->bgrlm", q.reshape(b, n, g, h // g, d), k) / jnp.sqrt(d)
+  mask = (pos[:, :, None] >= pos[:, None, :]) & (seg[:, :, None] == seg[:, None, :])
+  p = jax.nn.softmax(jnp.where(mask[:, None, None], s, -1e30), -1)
+  return jnp.einsum("bgrlm,bmgk->blgrk", p, v).reshape(b, n, h, d)
+
+
+def _packed(rng, b, n):
+  seg = np.cumsum(rng.random((b, n)) < 0.08, axis=1).astype(np.int32)
+  first = np.array([[np.argmax(row == s) for s in row] for row in seg])
+  return jnp.asarray(np.arange(n) - first, jnp.int32), jnp.asarray(seg)
+
+
+def _close(a, b):
+  return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+@pytest.mark.parametrize("strategy", ["ring", "all_gather"])
+def test_split_attention_equals_plain_attention_with_packing_and_grouped_heads(strategy):
+  rng = np.random.default_rng(0)
+  b, n, h, g, d = 2, 64, 4, 2, 8
+  q, k, v = (jnp.asarray(rng.normal(size=(b, n, heads, d)), jnp.float32) for heads in (h, g, g))
+  pos, seg = _packed(rng, b, n)
+  loss = lambda attend: lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v)))  # noqa: E731
+  want = _plain(q, k, v, pos, seg)
+  want_grads = jax.grad(loss(lambda *a: _plain(*a, pos, seg)), argnums=(0, 1, 2))(q, k, v)
+
+  # Blocks of 16 on one device (no mesh): 4 x 4 tiles.
+  got = flash.attend(q, k, v, pos, pos, seg, seg, block=16)[0]
+  assert _close(got, want) <= TOL
+  mesh = jax.make_mesh((2, 4), ("data", "context"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  rules = (("batch", "data"), ("act_seq", "context"), ("act_heads", None), ("act_kv", None))
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    order = context.balanced_order(n, context.context_size())
+    assert context.context_size() == 4 and list(order[:16]) == [*range(8), *range(56, 64)]
+
+    def split(q, k, v):  # Device i holds chunks i and 7 - i of 8, attends by `strategy`.
+      t = lambda x: jnp.take(x, order, axis=1)  # noqa: E731
+      out = context.attention(t(q), t(k), t(v), t(pos), t(seg), strategy=strategy, block=4)
+      return jnp.take(out, np.argsort(order), axis=1)
+
+    got = jax.jit(split)(q, k, v)
+    grads = jax.jit(jax.grad(loss(split), argnums=(0, 1, 2)))(q, k, v)
+  assert _close(got, want) <= TOL
+  for a, w in zip(grads, want_grads, strict=True):
+    assert _close(a, w) <= TOL
+
+
+def test_no_sequence_by_sequence_array_is_compiled():
+  """A 1,024-token step of the LM with flash attention, forward and backward: no array in the
+  compiled program has two dimensions of 1,024 (einsum's [B, H, L, L] scores do, as the control)."""
+
+  def compiled_text(attention):
+    config = tiny_config(
+      **{"data.seq_len": 1024, "model.attention": attention, "model.attention_block": 128}
+      | {"mesh.data": 8, "mesh.fsdp": 1, "mesh.tensor": 1}
+    )
+    from trainer.modes import inspect
+
+    return inspect.compile_train_step(config)[2].as_text()
+
+  assert "1024,1024]" in compiled_text("einsum")
+  text = compiled_text("flash")
+  assert "1024,1024]" not in text and "128,128]" in text
+
+
+def test_context_4_trains_the_losses_of_context_1_step_by_step():
+  """20 steps of the tiny LM at 64 tokens: data 8 (einsum) against data 2 x context 4 (ring), with
+  microbatches; every step's loss within 1e-5 relative."""
+  common = {"steps": 20, "data.seq_len": 64, "microbatches": 2, "mesh.fsdp": 1, "mesh.tensor": 1}
+  one = tiny_config(**common, **{"mesh.data": 8})
+  four = tiny_config(**common, **{"mesh.data": 2, "mesh.context": 4, "model.attention": "flash"})
+  a = [float(m["loss"]) for m in run_steps(one, jax.devices(), 20)[1]]
+  b = [float(m["loss"]) for m in run_steps(four, jax.devices(), 20)[1]]
+  assert max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True)) <= TOL, (a, b)
+  assert a[-1] < a[0] - 0.5  # It learns: the comparison is over a moving trajectory.
+
+
+def test_bad_context_configs_get_one_line(tmp_path):
+  flags = ["--config=configs/long_smoke_cpu.py:tiny", "--cpu_devices=8", f"--workdir={tmp_path}"]
+  result = run_main(*flags, "--config.model.attention=einsum")
+  assert result.returncode == 2 and "error: mesh.context=4 splits the sequence" in result.stderr
+  result = run_main(*flags, "--config.data.seq_len=20")
+  assert result.returncode == 2 and "error: data.seq_len=20 must be a multiple of 2 x mesh.context=8" in (
+    result.stderr
+  )
+
+
+@pytest.mark.slow
+def test_verify_in_two_processes_and_a_resume_onto_another_context_size(tmp_path):
+  """verify: one device against 2 processes x (data 1, context 4), padding rows included. Then 6 steps
+  on context 4, and step 4's checkpoint resumed on context 2: the same steps, within 1e-5."""
+  flags = ["--config=configs/long_smoke_cpu.py:tiny", "--config.data.seq_len=64", "--config.microbatches=2"]
+  launcher = [sys.executable, os.path.join(REPO, "launch", "local.py"), "--processes=2", "--cpu_devices=4"]
+  verify = [*launcher, "--", "--mode=verify", *flags, f"--workdir={tmp_path / 'verify'}"]
+  result = subprocess.run(verify, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "'context': 4" in result.stdout and result.stdout.strip().endswith("verify: PASS"), result.stdout
+
+  whole, moved = str(tmp_path / "whole"), str(tmp_path / "moved")
+  train = [*flags, "--config.steps=6", "--config.checkpoint.every=2", "--cpu_devices=8"]
+  result = run_main(*train, f"--workdir={whole}")
+  assert result.returncode == 0, result.stdout + result.stderr
+  shutil.copytree(whole, moved)
+  for step in ("6",):
+    shutil.rmtree(os.path.join(moved, "checkpoints", step))
+  result = run_main(*train, "--config.mesh.context=2", "--config.mesh.data=4", f"--workdir={moved}")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "'context': 2" in result.stdout
+  a, b = train_losses(whole), train_losses(moved)
+  assert [a[s] for s in range(1, 5)] == [b[s] for s in range(1, 5)]
+  for s in (5, 6):
+    assert b[s] == pytest.approx(a[s], rel=TOL), (s, a[s], b[s])
