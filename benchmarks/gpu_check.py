@@ -10,6 +10,9 @@ the packages); `--allow_cpu` runs the same code on CPU at toy sizes (tests/test_
   recompute     lm_125m's real train step twice from the same state and batch: bitwise equal, as the
                 recompute check (trainer/cluster/recompute.py) and invariant 5 need, under the
                 trainer's deterministic kernels; a child with XLA's defaults gives their cost in tokens/s
+  flash         model/flash.py's blockwise attention (what a context axis's ring and all-gather run on
+                GPUs too: cuDNN's fused attention returns no log-sum-exp to combine chunks by) against
+                float32 attention, and its forward+backward time against cuDNN's and XLA's, bf16 causal GQA
   moe_dropless  the MoE layer's dropless routing (grouped matmuls, jax.lax.ragged_dot): gradients equal to
                 every expert on every token in float32; bf16 tokens/s against capacity and every-expert
 
@@ -28,6 +31,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import gpu_check_layers  # noqa: E402 - after the repository is on the path.
 
 ROWS = []  # (check, figure, bound, ok)
 
@@ -221,64 +225,11 @@ def check_recompute(gpu: bool) -> None:
 
 
 def check_moe_dropless(gpu: bool) -> None:
-  """The dropless routing's grouped matmuls (jax.lax.ragged_dot): equal to every expert on every token
-  in float32, and its forward and backward in bfloat16 timed against capacity routing (factor 1.25)
-  and every-expert on the same layer and tokens. XLA:CPU computes ragged_dot densely over every group:
-  its speed is a GPU figure only."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from flax import nnx
+  row(*gpu_check_layers.moe_dropless(gpu))
 
-  from model.moe import MoE
 
-  b, n, d, f, e, k = (8, 1024, 1024, 2048, 8, 2) if gpu else (2, 16, 32, 64, 8, 2)
-
-  def layer(routing, dtype):
-    with nnx.use_eager_sharding(False):
-      moe = MoE(d, f, e, k, routing=routing, capacity_factor=1.25, rngs=nnx.Rngs(0))
-    graph, params = nnx.split(moe)
-    x = jax.random.normal(jax.random.key(1), (b, n, d), dtype)
-
-    def loss(params, x):
-      y, aux = nnx.merge(graph, params)(x)
-      return jnp.sum(y.astype(jnp.float32) ** 2) + aux["balance"]
-
-    return jax.jit(jax.value_and_grad(loss)), params, x
-
-  outputs = {}
-  for routing in ("dropless", "every"):
-    step, params, x = layer(routing, jnp.float32)
-    outputs[routing] = np.asarray(step(params, x)[1]["up"][...])
-  scale = float(np.max(np.abs(outputs["every"])))
-  gap = float(np.max(np.abs(outputs["dropless"] - outputs["every"]))) / scale
-  if not gpu:
-    figure = (
-      f"dropless's gradients off every-expert's by {gap:.1e} of the largest; speed needs a GPU: not run"
-    )
-    return row("moe_dropless", figure, "<= 1e-5", gap <= 1e-5)
-  times = {}
-  for routing in ("dropless", "capacity", "every"):
-    step, params, x = layer(routing, jnp.bfloat16)
-    jax.block_until_ready(step(params, x))
-    t0 = time.perf_counter()
-    for _ in range(10):
-      out = step(params, x)
-    jax.block_until_ready(out)
-    times[routing] = (time.perf_counter() - t0) / 10
-  tokens = lambda r: b * n / times[r]
-  figure = (
-    f"gradients off every-expert's by {gap:.1e}; forward+backward {b}x{n} tokens, {e} experts top {k}, "
-    f"d {d}, f {f}, bf16: dropless {tokens('dropless'):,.0f} tokens/s, "
-    f"{times['capacity'] / times['dropless']:.2f}x capacity's, "
-    f"{times['every'] / times['dropless']:.2f}x every's"
-  )
-  row(
-    "moe_dropless",
-    figure,
-    "<= 1e-5; faster than every-expert",
-    gap <= 1e-5 and times["dropless"] < times["every"],
-  )
+def check_flash(gpu: bool) -> None:
+  row(*gpu_check_layers.flash(gpu))
 
 
 XLA_FLAGS_GIVEN = os.environ.get("XLA_FLAGS", "")  # Before the trainer's own are added.
@@ -360,6 +311,7 @@ def main() -> int:
     check_lm_125m,
     check_recompute,
     check_moe_dropless,
+    check_flash,
     check_attention,
   )
   for check in checks:

@@ -67,7 +67,8 @@ Optional:
   open_pretrained(path, config, leaves) -> reader with read(leaf, shape, index) and bytes_read
       A pretrained format the experiment reads for `init_from` (the LM: a Hugging Face Llama
       directory): the config keys it fixes, and each parameter's slices read lazily from its files
-      (trainer/init_from.py says more).
+      (trainer/init_from.py says more); EXTENDABLE_KEYS, those of the keys a config may set otherwise
+      on purpose (the LM: RoPE's, to train longer than the pretrained context).
   EXPORT_FORMATS: dict[str, (run: trainer.checkpoint.read.Loaded, out, weights) -> [what it wrote]]
       Formats `trainer.export --format=NAME` writes (the LM: 'hf', a directory transformers loads).
   example_batch(config) -> dict[str, np.ndarray]

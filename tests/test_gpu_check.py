@@ -42,6 +42,7 @@ def test_gpu_check_runs_every_check_on_cpu_at_toy_sizes():
     "memory",
     "recompute",
     "moe_dropless",
+    "flash",
     "attention",
   ]
   assert checks == expected, table

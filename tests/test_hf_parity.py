@@ -307,3 +307,18 @@ def test_two_processes_each_read_only_the_half_their_devices_hold(tmp_path):
   assert sorted(reads) == [0, 1], result.stdout
   assert total == 4 * (2 * 512 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64)
   assert reads == {0: (total // 2, total // 2), 1: (total // 2, total // 2)}
+
+
+def test_a_config_extends_the_pretrained_rope_on_purpose(llamas, tmp_path, capsys):
+  """A Llama with plain RoPE fine-tuned longer (configs/lm_8b_long.py): the config's llama3 scaling is
+  kept and said; its shapes still come from config.json, and a shape given otherwise is still an error."""
+  c = assemble.apply_args(assemble.config("lm"), "tiny")
+  c.init_from, c.model.rope_scaling, c.model.rope_llama3_factor = llamas["tied"][0], "llama3", 4.0
+  init_from.configure(c, str(tmp_path / "run"))
+  assert (c.model.rope_scaling, c.model.rope_llama3_factor, c.model.embed_dim) == ("llama3", 4.0, 32)
+  out = capsys.readouterr().out
+  assert "keeps model.rope_scaling=llama3 (its rope_type says none): extended on purpose" in out
+  c = assemble.apply_args(assemble.config("lm"), "tiny")
+  c.init_from = llamas["tied"][0]
+  init_from.configure(c, str(tmp_path / "plain"))
+  assert c.model.rope_scaling == "none"  # Left at its default: the pretrained model's.

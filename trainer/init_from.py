@@ -7,6 +7,10 @@ this much; the experiment maps names and layouts through two optional names of i
   pretrained_keys(path) -> {dotted key: (value, where it comes from)}
       The config keys the pretrained model fixes (its shapes), and an `errors.UserError` for
       anything the experiment's model cannot represent.
+  EXTENDABLE_KEYS: tuple of dotted keys
+      Of those keys, the ones a config may set otherwise on purpose (the LM: RoPE's scaling, to train
+      at a longer context than the pretrained model's): a value other than the key's default, from
+      the config file or the command line, is kept, and the run says so.
   open_pretrained(path, config, leaves) -> reader
       `reader.read(leaf, shape, index)`: the numpy slice `index` of parameter `leaf` (a tuple of
       tree-path names), read from the files without reading the rest; `reader.bytes_read` so far.
@@ -53,8 +57,13 @@ def configure(config, workdir: str, given=()) -> None:
       with open(rundir.init_from(workdir), "w") as f:
         json.dump({"path": os.path.abspath(path), "keys": keys}, f, indent=2)
   changed = []
+  extendable = getattr(experiments.load(config.experiment), "EXTENDABLE_KEYS", ())
+  declared = assemble.declared(config.experiment)
   for dotted, (value, source) in keys.items():
     current = assemble.get_key(config, dotted)
+    if dotted in extendable and current not in (value, declared[dotted].default):
+      console(f"init_from={path}: keeps {dotted}={current} (its {source} says {value}): extended on purpose")
+      continue
     if dotted in given and current != value:
       raise UserError(
         f"--config.{dotted}={current} disagrees with init_from={path}: its {source} makes it {value}; "

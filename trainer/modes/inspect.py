@@ -50,7 +50,7 @@ def zero_minimum(
   (n-1)/n a ring's share. dp all-reduces gradients over the batch axes (2Ψ); zero1 reduce-scatters
   them and all-gathers the updated parameters (2Ψ); fsdp all-gathers parameters in the forward and
   backward passes and reduce-scatters gradients over fsdp (3Ψ), then all-reduces its shard of the
-  gradients over the replicas (data x expert x context: context splits each sequence's tokens, so
+  gradients over the replicas (data x expert x context: context splits each example's positions, so
   its devices hold partial gradients too). Tensor parallelism splits Ψ first; its activation traffic
   is not counted, nor context's keys and values. Expert weights (`expert_bytes` of Ψ, split over the
   expert axis) count as one device's share Ψe/e, their replicas over data and context alone: the
