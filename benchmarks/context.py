@@ -65,11 +65,12 @@ def _point(overrides: dict) -> dict:
   from configs import long_smoke_cpu
   from data import pipeline
   from trainer import components
+  from trainer.config import assemble
   from trainer.step import make_train_step
 
   config = long_smoke_cpu.get_config()
   for key, value in overrides.items():
-    config[key] = value
+    assemble.set_key(config, key, value)
   comp = components.build(config)
   state = components.init_state(comp, config)
   batch = pipeline.to_global(components.local_batches(comp)(0), comp.batch_sharding, config.global_batch_size)

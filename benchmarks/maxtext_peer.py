@@ -1,7 +1,9 @@
 """Ours against MaxText 0.2.5, interleaved A B A B in one run: configs/lm_mt_peer.py's dense model, or
-with `--moe` configs/moe_mt_peer.py's mixture of experts against MaxText's MoE on the same shapes.
+with `--moe` configs/moe_mt_peer.py's mixture of experts against MaxText's MoE on the same shapes, or
+with `--context` configs/long_mt_peer.py's context parallelism against MaxText's at 2,048 tokens.
 
-  .venv/bin/python benchmarks/maxtext_peer.py [--setup] [--moe [--dropless]] [--steps=60] [--rounds=2]
+  .venv/bin/python benchmarks/maxtext_peer.py [--setup] [--moe [--dropless] | --context] [--steps=60]
+    [--rounds=2]
 
 MaxText needs Python 3.12: `--setup` makes `.venv-maxtext` (PYENV_VERSION=3.12.1 python3.12 -m venv,
 then pip install "maxtext[tpu]==0.2.5": about 3 minutes and 2.8 GB) when it is missing. Without that
@@ -40,6 +42,24 @@ on XLA:CPU) it was 0.93x and 0.90x. With `--dropless` (the run before that chang
 dropless 1093.3 ms = 937 tokens/s against MaxText's sparse path 614.5 ms = 1,666 tokens/s, 0.56x: ours
 sorts the whole batch's assignments on every device (their expert ids gathered) where MaxText's sparse
 path sorts each device's own tokens; dropless is ours for one expert shard on GPUs, capacity for CPUs.
+
+The context case (`--context`, 30 steps a run): the dense model at 2 sequences of 2,048 tokens on mesh
+data 2 x context 4, as configs/long_mt_peer.py (flash attention in blocks of 256, a ring of key/value
+chunks, each device an early and a late chunk) and MaxText's `ici_data_parallelism=2
+ici_context_parallelism=4 ici_fsdp_parallelism=1 per_device_batch_size=0.25` with
+`context_parallel_load_balance=true` (its DUAL_CHUNK_SWAP order) and `attention=dot_product` (what its
+`autoselected` picks on CPU). MaxText runs context parallelism on CPU only with its default all-gather
+strategy; `context_parallel_strategy=ring` stops at its config check:
+  Value error, Ring context parallelism strategy (context_parallel_strategy='ring') is only supported on
+  GPUs or TPU with attention=flash and use_tokamax_splash=True.
+Measured on 2026-12-05 with `--context --rounds=2` (jax 0.12.0.1, 8 logical CPU devices on 2 shared
+cores, 11.7 min):
+  ours              median step 651.0 ms = 6,292 tokens/s; launch to first step: cold 67.2 s, warm 28.8 s
+  maxtext           median step 1995.0 ms = 2,053 tokens/s; launch to first step: cold 19.5 s
+  maxtext_like_ours median step 2179.0 ms = 1,880 tokens/s; launch to first step: cold 20.5 s
+  tokens/s ours / maxtext: 3.06x; ours / maxtext_like_ours: 3.35x
+Ours' launch includes checks.first_step (a second compilation on another mesh) and the flash kernels'
+compilation; MaxText's dot-product attention computes every device's [512, 2,048] scores in full.
 """
 
 import argparse
@@ -55,7 +75,6 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(REPO, ".venv-maxtext")
-TOKENS_PER_STEP = 8 * 128
 SKIP = 10  # Steps left out of the medians: compilation and warm-up.
 MAXTEXT_ARGS = [
   "dataset_type=synthetic",
@@ -136,25 +155,57 @@ _MOE = [*_EXPERTS, "sparse_matmul=false", "capacity_factor=1.25"]
 # no capacity), each device routing its own tokens (expert parallelism 1).
 _MOE_DROPLESS = [*_EXPERTS, "sparse_matmul=true", "capacity_factor=-1"]
 _OURS_DROPLESS = ["--config.model.moe.routing=dropless", "--config.checks.first_step=false"]
+# configs/long_mt_peer.py as MaxText runs context parallelism on CPU: 2 sequences of 2,048 tokens (its
+# per_device_batch_size=0.25 on 8 devices), data 2 x context 4, its default all-gather strategy (its ring
+# is for GPUs and TPUs only) with its load-balanced causal order (DUAL_CHUNK_SWAP, as ours), and its
+# dot-product attention (what `attention=autoselected` picks on CPU).
+_CONTEXT = [
+  "per_device_batch_size=0.25",
+  "max_target_length=2048",
+  "ici_fsdp_parallelism=1",
+  "ici_data_parallelism=2",
+  "ici_context_parallelism=4",
+  "context_parallel_strategy=all_gather",
+  "context_parallel_load_balance=true",
+  "attention=dot_product",
+]
 CASES = {
   "dense": {
+    "tokens": 8 * 128,
     "ours": {"ours": ["--config=configs/lm_mt_peer.py"]},
     "maxtext": {"maxtext": [], "maxtext_like_ours": _LIKE_OURS},
     "ratios": [("ours", "maxtext"), ("ours", "maxtext_like_ours")],
   },
   "moe": {
+    "tokens": 8 * 128,
     "ours": {"ours": ["--config=configs/moe_mt_peer.py"]},
     "maxtext": {"maxtext": _MOE, "maxtext_like_ours": _MOE + _LIKE_OURS},
     "ratios": [("ours", "maxtext"), ("ours", "maxtext_like_ours")],
   },
   "moe_dropless": {
+    "tokens": 8 * 128,
     # Without the first-step check: in bf16 on this mesh it stops the run (exit 6, updates 0.39 off dp's;
     # float32 passes); timing only.
     "ours": {"ours_dropless": ["--config=configs/moe_mt_peer.py", *_OURS_DROPLESS]},
     "maxtext": {"maxtext_dropless": _MOE_DROPLESS + _LIKE_OURS},
     "ratios": [("ours_dropless", "maxtext_dropless")],
   },
+  "context": {
+    "tokens": 2 * 2048,
+    "steps": 30,  # About 1 s a step on this side and 2 s on MaxText's: 20 steps timed.
+    "ours": {"ours": ["--config=configs/long_mt_peer.py"]},
+    "maxtext": {"maxtext": _CONTEXT, "maxtext_like_ours": _CONTEXT + _LIKE_OURS},
+    "ratios": [("ours", "maxtext"), ("ours", "maxtext_like_ours")],
+  },
 }
+
+
+def _settings(*lists: list[str]) -> list[str]:
+  """MaxText's key=value settings, a later one replacing an earlier one of the same key."""
+  merged = {}
+  for setting in (s for settings in lists for s in settings):
+    merged[setting.partition("=")[0]] = setting
+  return list(merged.values())
 
 
 def maxtext_round(tmp: str, steps: int, extra: list[str]) -> dict:
@@ -162,7 +213,7 @@ def maxtext_round(tmp: str, steps: int, extra: list[str]) -> dict:
   base = os.path.join(VENV, "lib", "python3.12", "site-packages", "maxtext", "configs", "base.yml")
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   argv = [python, "-m", "maxtext.trainers.pre_train.train", base, f"run_name=peer{time.time_ns()}"]
-  argv += [f"base_output_directory={tmp}/maxtext", f"steps={steps}", *MAXTEXT_ARGS, *extra]
+  argv += [f"base_output_directory={tmp}/maxtext", f"steps={steps}", *_settings(MAXTEXT_ARGS, extra)]
   start, first, times = time.time(), None, []
   proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   for line in proc.stdout:
@@ -183,7 +234,10 @@ def main() -> None:
     "--moe", action="store_true", help="the mixture-of-experts case (configs/moe_mt_peer.py)"
   )
   parser.add_argument("--dropless", action="store_true", help="with --moe: also both dropless routings")
-  parser.add_argument("--steps", type=int, default=60)
+  parser.add_argument(
+    "--context", action="store_true", help="the context-parallel case (configs/long_mt_peer.py)"
+  )
+  parser.add_argument("--steps", type=int, default=None, help="steps per run (default 60; --context 30)")
   parser.add_argument("--rounds", type=int, default=2)
   args = parser.parse_args()
   if args.setup:
@@ -191,19 +245,24 @@ def main() -> None:
   peer = os.path.exists(os.path.join(VENV, "bin", "python"))
   if not peer:
     print("no .venv-maxtext: measuring ours only (--setup makes it; it needs pyenv's Python 3.12)")
-  cases = (
-    [CASES["moe"], *([CASES["moe_dropless"]] if args.dropless else [])] if args.moe else [CASES["dense"]]
-  )
-  sides = {}  # name -> (run one round, its flags or settings)
+  if args.context:
+    cases = [CASES["context"]]
+  elif args.moe:
+    cases = [CASES["moe"], *([CASES["moe_dropless"]] if args.dropless else [])]
+  else:
+    cases = [CASES["dense"]]
+  steps = args.steps or cases[0].get("steps", 60)
+  sides, tokens = {}, {}  # name -> (run one round, its flags or settings); name -> tokens per step
   for case in cases:
     sides.update({name: (ours_round, flags) for name, flags in case["ours"].items()})
     if peer:
       sides.update({name: (maxtext_round, settings) for name, settings in case["maxtext"].items()})
+    tokens.update({name: case["tokens"] for name in (*case["ours"], *case["maxtext"])})
   results = {side: [] for side in sides}
   with tempfile.TemporaryDirectory() as tmp:
     for r in range(args.rounds):
       for side, (run_round, extra) in sides.items():
-        row = run_round(tmp, args.steps, extra)
+        row = run_round(tmp, steps, extra)
         results[side].append(row)
         print(f"round {r + 1} {side:<17} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
   print("8 logical CPU devices on one machine's cores: a ratio, not an interconnect figure")
@@ -213,7 +272,7 @@ def main() -> None:
     s = summary[side]
     extra = f", warm {s['first_step_warm_s']:.1f} s" if "first_step_warm_s" in s else ""
     print(
-      f"{side:<17} median step {s['step_s'] * 1e3:.1f} ms = {TOKENS_PER_STEP / s['step_s']:,.0f} tokens/s; "
+      f"{side:<17} median step {s['step_s'] * 1e3:.1f} ms = {tokens[side] / s['step_s']:,.0f} tokens/s; "
       f"launch to first step: cold {s['first_step_cold_s']:.1f} s{extra}"
     )
   for case in cases:
