@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -88,22 +87,8 @@ def _point(overrides: dict) -> dict:
   }
 
 
-def _time(point: dict, seconds: float) -> float:
-  import jax
-
-  if "steps" not in point:
-    t0 = time.perf_counter()
-    point["state"], m = point["step"](point["state"], point["batch"])
-    jax.block_until_ready(m)
-    point["steps"] = max(2, round(seconds / (time.perf_counter() - t0)))
-  t0 = time.perf_counter()
-  for _ in range(point["steps"]):
-    point["state"], m = point["step"](point["state"], point["batch"])
-  jax.block_until_ready(m)
-  return (time.perf_counter() - t0) / point["steps"]
-
-
 def speed(seconds: float, rounds: int) -> None:
+  from benchmarks import moe_routing  # Its timing: the same points, state donated, steps fixed once.
   from trainer.cluster import runtime
 
   runtime.configure_cpu_devices(8)
@@ -116,7 +101,7 @@ def speed(seconds: float, rounds: int) -> None:
   times = {name: [] for name in points}
   for _ in range(rounds):
     for name, point in points.items():
-      times[name].append(_time(point, seconds))
+      times[name].append(moe_routing.time_steps(point, seconds))
   ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
   for name, point in points.items():
     print(f"{name:<32} {ms[name]:>8.1f} ms/step {point['tokens'] / ms[name] * 1e3:>9,.0f} tokens/s")

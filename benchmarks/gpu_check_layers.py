@@ -4,6 +4,18 @@ ok): the MoE layer's dropless routing and model/flash.py's blockwise attention."
 import time
 
 
+def _seconds(step, *args, runs: int = 10) -> float:
+  """Mean seconds of `step(*args)` over `runs` calls, after one untimed (compiling) call."""
+  import jax
+
+  jax.block_until_ready(step(*args))
+  t0 = time.perf_counter()
+  for _ in range(runs):
+    out = step(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) / runs
+
+
 def moe_dropless(gpu: bool) -> tuple:
   """The dropless routing's grouped matmuls (jax.lax.ragged_dot): equal to every expert on every token
   in float32, and its forward and backward in bfloat16 timed against capacity routing (factor 1.25)
@@ -43,13 +55,7 @@ def moe_dropless(gpu: bool) -> tuple:
     return ("moe_dropless", figure, "<= 1e-5", gap <= 1e-5)
   times = {}
   for routing in ("dropless", "capacity", "every"):
-    step, params, x = layer(routing, jnp.bfloat16)
-    jax.block_until_ready(step(params, x))
-    t0 = time.perf_counter()
-    for _ in range(10):
-      out = step(params, x)
-    jax.block_until_ready(out)
-    times[routing] = (time.perf_counter() - t0) / 10
+    times[routing] = _seconds(*layer(routing, jnp.bfloat16))
   tokens = lambda r: b * n / times[r]
   figure = (
     f"gradients off every-expert's by {gap:.1e}; forward+backward {b}x{n} tokens, {e} experts top {k}, "
@@ -95,12 +101,7 @@ def flash(gpu: bool) -> tuple:
 
   def seconds(fn):
     step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2), argnums=(0, 1, 2)))
-    jax.block_until_ready(step(q, k, v))
-    t0 = time.perf_counter()
-    for _ in range(10):
-      out = step(q, k, v)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / 10
+    return _seconds(step, q, k, v)
 
   ms = {
     name: 1e3 * seconds(fn)

@@ -24,22 +24,24 @@ from flax.core import spmd
 from jax.sharding import PartitionSpec as P
 
 from model import flash
-from model.partitioning import logical_to_spec
+from model.partitioning import logical_to_spec, mesh_axes
 
 STRATEGIES = ("ring", "all_gather")
 
 
-def _seq_axes(rules) -> tuple[str, ...]:
-  entry = logical_to_spec(("act_seq",), rules)[0]
-  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+def _split():
+  """(rules, mesh, the mesh axes the sequence is split over, their size) as installed; outside a mesh
+  with rules (None, None, (), 1)."""
+  rules, mesh = spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
+  if not rules or mesh.empty:
+    return None, None, (), 1
+  axes = mesh_axes(logical_to_spec(("act_seq",), rules)[0])
+  return rules, mesh, axes, int(np.prod([mesh.shape[a] for a in axes], dtype=int))
 
 
 def context_size() -> int:
   """The number of devices the sequence is split over under the installed rules and mesh (1 outside)."""
-  rules, mesh = spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
-  if not rules or mesh.empty:
-    return 1
-  return int(np.prod([mesh.shape[a] for a in _seq_axes(rules)], dtype=int))
+  return _split()[3]
 
 
 def balanced_order(length: int, c: int) -> np.ndarray:
@@ -100,11 +102,9 @@ def attention(q, k, v, positions, segment_ids, *, strategy: str = "ring", block:
   for the installed context size; positions and segment_ids [B, L] int. Returns [B, L, H, K]."""
   if strategy not in STRATEGIES:
     raise ValueError(f"context attention {strategy!r}: use one of {STRATEGIES}")
-  rules, mesh = spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
-  if not rules or mesh.empty:
+  rules, mesh, axes, c = _split()
+  if mesh is None:
     return _local(q, k, v, positions, segment_ids, axes=(), c=1, strategy=strategy, block=block)
-  axes = _seq_axes(rules)
-  c = context_size()
   q_spec = logical_to_spec(("batch", "act_seq", "act_heads", "act_kv"), rules)
   row_spec = P(*q_spec[:2])
 

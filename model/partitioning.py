@@ -31,6 +31,11 @@ def logical_to_spec(logical_axes: Sequence[str | None], rules) -> P:
   return P(*out)
 
 
+def mesh_axes(entry) -> tuple[str, ...]:
+  """One dimension's entry of a PartitionSpec (None, an axis name, or a tuple of them) as a tuple."""
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
   """Sharding constraint on an activation by logical names; a no-op when no rules are installed."""
   rules = spmd.get_logical_axis_rules()

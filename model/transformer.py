@@ -174,7 +174,6 @@ class Decoder(nnx.Module):
       mask = positions[:, :, None] >= positions[:, None, :]
       if segment_ids is not None:
         mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
-      segment_ids = None
     x = jnp.take(self.embed[...], tokens, axis=0).astype(self.compute_dtype)
     if self.scale_embed:
       x = x * jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype))

@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from errors import UserError
-from model.partitioning import logical_to_spec
+from model.partitioning import logical_to_spec, mesh_axes
 from trainer import mesh as mesh_lib
 
 _BATCH = (
@@ -144,11 +144,6 @@ def unsplit_notes(logical_axes, rules, mesh_shape: dict) -> list[str]:
 
 def shards_optimizer_over_batch(strategy: str) -> bool:
   return strategy == "zero1"
-
-
-def mesh_axes(entry) -> tuple[str, ...]:
-  """One dimension's entry of a PartitionSpec (None, an axis name, or a tuple of them) as a tuple."""
-  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def batch_axes(rules) -> tuple[str, ...]:
