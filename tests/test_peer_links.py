@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from trainer.cluster import links, peers
+from trainer.cluster import links, liveness, peers
 
 
 @pytest.mark.parametrize("processes", [2, 3, 5, 16])
@@ -64,11 +64,11 @@ def test_a_lost_link_is_named_with_both_ends_only_while_the_peer_still_answers_p
   monkeypatch.setattr(peers, "addresses", lambda: {0: me.address, 1: one.address, 2: closed})
   watched = links.Links(timeout_s=0.4)
   try:
-    assert watched.cut(time.time(), answering=lambda peer: True) is None  # Nothing is older than 0.4 s.
+    assert watched.cut(time.time(), answering=lambda peer, since: True) is None  # Nothing older than 0.4 s.
     time.sleep(1.0)
     now = time.time()
-    assert watched.cut(now, answering=lambda peer: peer != 2) is None  # Silent everywhere: liveness's.
-    cut = watched.cut(now, answering=lambda peer: True)
+    assert watched.cut(now, answering=lambda peer, since: peer != 2) is None  # Silent everywhere: liveness's.
+    cut = watched.cut(now, answering=lambda peer, since: True)
     assert cut and cut.startswith(f"process 0 ({me.address}) cannot reach process 2 ({closed})"), cut
     assert "process 1" not in cut
   finally:
@@ -82,4 +82,18 @@ def test_a_peer_timeout_of_0_starts_no_service_and_names_nothing(monkeypatch):
     raise AssertionError("the peer service started with watchdog.peer_timeout_s=0")
 
   monkeypatch.setattr(peers, "service", no_service)
-  assert links.Links(timeout_s=0).cut(time.time() + 1e6, answering=lambda peer: True) is None
+  assert links.Links(timeout_s=0).cut(time.time() + 1e6, answering=lambda peer, since: True) is None
+
+
+def test_a_counter_sent_just_before_a_full_partition_does_not_make_the_peer_answering():
+  """CI once saw process 0 blame the link to process 1 when both hosts were cut from each other: the
+  peer's last counter, read a round after the cut, still looked fresh when the link's silence passed
+  the timeout. The peer answers only if its counter moved well after the link went quiet."""
+  watched = liveness.Liveness(peer_timeout_s=4, startup_timeout_s=60)
+  link_quiet_since = 1000.0
+  watched._contact = link_quiet_since + 4.5
+  watched._seen[1] = (7, link_quiet_since + 2.0)  # Sent before the cut, read after it.
+  assert not watched.answering(1, now=link_quiet_since + 4.5, since=link_quiet_since)
+  watched._seen[1] = (9, link_quiet_since + 4.0)  # Still moving, long after the link went quiet.
+  assert watched.answering(1, now=link_quiet_since + 4.5, since=link_quiet_since)
+  assert not watched.answering(1, now=link_quiet_since + 8, since=link_quiet_since)  # Silent since.

@@ -13,8 +13,9 @@ P-1 consecutive rounds it probes every peer once, and is probed exactly once a r
 ends at least four times per timeout; in larger jobs a cut link is found within (P-1) x 0.1 s instead.
 
 A link is lost when nothing crossed it (our probe answered, or the peer's probe reached us) for
-`watchdog.peer_timeout_s`, our latest probe failed, and the peer still answers the coordination service:
-a peer that is silent everywhere is liveness.py's to name (stopped, dead, partitioned from all).
+`watchdog.peer_timeout_s`, our latest probe failed, and the peer still answers the coordination service,
+well after the link went quiet: a peer that is silent everywhere is liveness.py's to name (stopped,
+dead, partitioned from all), even while its last counter, sent before the partition, is still fresh.
 """
 
 import threading
@@ -91,14 +92,15 @@ class Links:
 
   def cut(self, now: float, answering) -> str | None:
     """'process 1 (HOST:PORT) cannot reach process 2 (HOST:PORT) ...' for the first lost link, or None.
-    `answering(peer)`: whether the peer still answers the coordination service."""
+    `answering(peer, since)`: whether the peer still answers the coordination service, well after
+    `since`."""
     if self._service is None:
       return None
     with self._lock:
       ok, failed, addresses = dict(self._ok), dict(self._failed), dict(self._addresses)
     for peer in sorted(failed):
       last = max(ok[peer], self._service.heard.get(peer, 0.0))
-      if failed[peer][0] > last and now - last > self.timeout_s and answering(peer):
+      if failed[peer][0] > last and now - last > self.timeout_s and answering(peer, last):
         return (
           f"process {self.me} ({self._service.address}) cannot reach process {peer} ({addresses[peer]}): "
           f"no probe between them answered for {now - last:.0f} s (last: {failed[peer][1]})"

@@ -97,13 +97,17 @@ class Liveness:
       trips, self._round_trips = self._round_trips, []
     return statistics.fmean(trips) if trips else 0.0
 
-  def answering(self, peer: int, now: float) -> bool:
+  def answering(self, peer: int, now: float, since: float) -> bool:
     """Whether this process and `peer` both reached the coordination service within the last few
-    rounds (the peer's counter moved)."""
+    rounds (the peer's counter moved), the peer well after `since` (when the link to it last carried
+    a probe). A counter sent just before a full partition is read up to two rounds later: a move that
+    late after the link went quiet cannot be it, so a partition from everyone stays `lost()`'s."""
     with self._lock:
       contact, seen = self._contact, self._seen.get(peer)
     recent = 3 * PERIOD_S
-    return now - contact <= recent and seen is not None and now - seen[1] <= recent
+    if seen is None or now - contact > recent or now - seen[1] > recent:
+      return False
+    return seen[1] - since > max(recent, self.timeout_s / 2)
 
   def lost(self, now: float) -> str | None:
     """What this process has lost contact with (a phrase), or None."""

@@ -97,7 +97,8 @@ class Watchdog:
           f"(watchdog.peer_timeout_s={self._peers.timeout_s:g}): a network partition, or a stopped, "
           "wedged or dead host; exiting so that the job restarts from its newest checkpoint"
         )
-      if cut := self._links.cut(time.time(), lambda peer: self._peers.answering(peer, time.time())):
+      answering = lambda peer, since: self._peers.answering(peer, time.time(), since)  # noqa: E731
+      if cut := self._links.cut(time.time(), answering):
         self._exit(
           f"error: {cut}, while both reach the coordination service on process 0; in {phase} at step "
           f"{step} (watchdog.peer_timeout_s={self._links.timeout_s:g}): a network fault between these two "
