@@ -5,7 +5,8 @@
 (PAUSES is the first argument not starting with `--`, so launch/local.py's --main can run it with
 PAUSES among the flags after `--`.)
 
-PAUSES is a comma-separated list of WHERE=SECONDS[@N][/pI]: `@N` limits it to step (or global
+PAUSES is a comma-separated list of WHERE=SECONDS[@N][/pI], or @FILE: the list read from FILE at
+start-up (a test rewrites it between a launcher's restarts): `@N` limits it to step (or global
 batch) N, `/pI` to process I. Each pause prints `pause: WHERE ...` on stdout first, so a test can
 wait for it. WHERE is one of:
 - save: the data-position write of a checkpoint (in Orbax's background thread: the loop goes on while
@@ -13,6 +14,8 @@ wait for it. WHERE is one of:
 - startup: before the mesh, data and model are built.
 - restore: before the newest checkpoint is read.
 - eval: before every evaluation (in the main thread, which a signal handler interrupts and resumes).
+- local: the rename that makes this process's own local-tier copy of step N whole (in the tier's writer
+  thread: a kill there leaves the copy torn; trainer/checkpoint/local.py).
 - read: the loop's wait for global batch N (a blocking read that releases the GIL, as a stuck
   filesystem would; the watchdog thread keeps running).
 An item `gone/pI` makes process I exit with code 1 at start-up once the file named by $GONE_MARKER
@@ -30,14 +33,18 @@ sys.path.insert(0, REPO)
 
 from data import pipeline  # noqa: E402
 from trainer import components, evaluate, loop  # noqa: E402
-from trainer.checkpoint import store  # noqa: E402
+from trainer.checkpoint import local, store  # noqa: E402
 
 PAUSES, GONE = {}, set()
-for item in sys.argv.pop(next(i for i, a in enumerate(sys.argv) if i and not a.startswith("--"))).split(","):
+_arg = sys.argv.pop(next(i for i, a in enumerate(sys.argv) if i and not a.startswith("--")))
+if _arg.startswith("@"):
+  with open(_arg[1:]) as _f:
+    _arg = _f.read().strip()
+for item in filter(None, _arg.split(",")):
   if gone := re.fullmatch(r"gone/p(\d+)", item):
     GONE.add(int(gone.group(1)))
     continue
-  m = re.fullmatch(r"(save|startup|restore|eval|read)=([\d.]+)(?:@(\d+))?(?:/p(\d+))?", item)
+  m = re.fullmatch(r"(save|startup|restore|eval|read|local)=([\d.]+)(?:@(\d+))?(?:/p(\d+))?", item)
   assert m, f"bad pause {item!r}"
   PAUSES[m.group(1)] = (float(m.group(2)), m.group(3) and int(m.group(3)), m.group(4) and int(m.group(4)))
 PROCESS = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--process_id=")), 0)
@@ -91,6 +98,8 @@ _wrap(components, "build", lambda *a: _startup())
 _wrap(loop, "evaluate", lambda *a: pause("eval"))  # The loop's evaluations.
 _wrap(evaluate, "evaluate", lambda *a: pause("eval"))  # --mode=eval's.
 _wrap(store.Checkpoints, "restore_latest", lambda *a: pause("restore"))
+_own_copy = lambda tmp, final: "/own/" in tmp and pause("local", int(os.path.basename(final)))  # noqa: E731
+_wrap(local, "_commit", _own_copy)  # Its own copies only: not the ones it holds for a partner.
 _next = pipeline.DevicePrefetch.__next__
 
 

@@ -67,10 +67,11 @@ class Loop:
           stop, metrics, copied, t1 = self._train_step(phase)
           log_now = self.step % self.config.log_every == 0 or self.step == self.last_step or stop
           save_now = self.step % self.config.checkpoint.every == 0 or self.step == self.last_step or stop
+          copy_now = self.run.local is not None and self.run.local.due(self.step)
           # Never log past, or save, a non-finite state.
-          bad = self.window.first_nonfinite_step() if log_now or save_now else None
+          bad = self.window.first_nonfinite_step() if log_now or save_now or copy_now else None
           if bad is None:
-            self._after_step(phase.batch, metrics, copied, t1, log_now, save_now)
+            self._after_step(phase.batch, metrics, copied, t1, log_now, save_now, copy_now)
         if bad is not None:
           self._roll_back(*bad)
         elif stop:
@@ -80,6 +81,8 @@ class Loop:
       self.batches.close()
       with self.clock.phase("checkpoint", self.step):  # Even on an error: a good checkpoint in flight
         self.run.ckpt.wait()  # is finished, not left half-written.
+        if self.run.local is not None:
+          self.run.local.wait(raise_error=False)
 
   def _first_step_budget(self) -> float | None:
     """The run's first step waits in its collectives for peers still compiling: compile's budget."""
@@ -132,16 +135,28 @@ class Loop:
       # Same decisions on every process: the step count and the agreed preemption step.
       return self.preemption.should_stop(self.step), metrics, copied, t1
 
-  def _after_step(self, t: int, metrics, copied, t1: float, log_now: bool, save_now: bool) -> None:
+  def _after_step(
+    self, t: int, metrics, copied, t1: float, log_now: bool, save_now: bool, copy_now: bool
+  ) -> None:
     """A logged step's window closes after its save, so its checkpoint blocking is in its own row, and a
     new window opens after the evaluation: no window's throughput includes either."""
     run, step, config = self.run, self.step, self.config
     if log_now:
       metrics = jax.device_get(metrics)  # Blocks until this step has run on the device.
       device_wait_s = time.time() - t1
-    if self.checks.due(step, save_now, copied):  # Before saving: never save a state that differs.
+    checked = self.checks.due(step, save_now, copied)
+    if checked:  # Before saving: never save a state that differs.
       with self.clock.phase("checkpoint", step):  # Counted with checkpoint blocking: it guards the save.
-        self.checks.run(self.state, metrics, step, copied)
+        try:
+          self.checks.run(self.state, metrics, step, copied)
+        except BaseException:
+          if run.local is not None:  # Back to the newest checked state: the persistent tier's.
+            run.local.discard_after(run.ckpt.manager.latest_step() or 0)
+          raise
+    if copy_now:  # The local and peer tiers: host copies now, written and sent in the background.
+      with self.clock.phase("checkpoint", step):
+        position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
+        run.local.save(step, self.state, position, checked)
     if save_now:
       with self.clock.phase("checkpoint", step):
         position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
@@ -208,6 +223,8 @@ class Loop:
         run.ckpt, run.target, run.comp, self.config, run.init, bad, self.batch_offset, time.time()
       )
       self.clock.ledger.discard_after(back.step)
+      if run.local is not None:  # Copies of the abandoned steps must not be resumed from.
+        run.local.discard_after(back.step)
       self._count_trained(self.window.fetch_counts(), back.step)  # Steps up to the checkpoint stay trained.
       self.trained[max(back.step - self.start, 0) :] = 0  # Later steps' work is thrown away.
       run.log.truncate(back.step)

@@ -14,7 +14,8 @@ from data import pipeline
 from trainer import components, rundir
 from trainer import state as state_lib
 from trainer import summary as summary_lib
-from trainer.checkpoint import restore, store
+from trainer.checkpoint import local as local_tiers
+from trainer.checkpoint import restore, store, tree
 from trainer.cluster import first_step, integrity, interrupts, multihost, recovery, runtime
 from trainer.cluster.preemption import Preemption
 from trainer.cluster.watchdog import Watchdog
@@ -49,6 +50,7 @@ class Run:
   device_label: str = ""
   flops_per_step: float | None = None  # MFU's numerator: the experiment's analytic count, else XLA's.
   compiled_flops: float | None = None
+  local: local_tiers.LocalTier | None = None  # The local and peer checkpoint tiers (None: off).
 
 
 def train(
@@ -91,8 +93,14 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
       last_step=config.steps if stop_after is None else min(stop_after, config.steps),
       startup={"imports": t_start - started, "build": time.time() - t_start},
     )
+    fingerprint = {
+      "layout": meta["layout"],
+      "processes": jax.process_count(),
+      "tree": tree.paths_and_shapes(run.target),
+    }
+    run.local = local_tiers.make(config, workdir, fingerprint, run.target)
     with clock.phase("restore", 0) as phase:
-      start = restore.restore_or_init(run.ckpt, run.target, comp, config, run.init, resuming=True)
+      start = restore.restore_or_init(run.ckpt, run.target, comp, config, run.init, True, run.local)
       first = int(start.state.step)
       phase.category = "restore" if first else "startup"
     run.startup["restore" if first else "init"] = phase.seconds
@@ -151,6 +159,8 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     if config.eval_steps and loop.step == config.steps:
       loop.eval_row = loop.evaluate(loop.step)
     run.ckpt.close()
+    if run.local is not None:
+      run.local.close(finished=loop.step == config.steps)  # The final step is persistent: copies go.
     for record in run.ckpt.drain():
       run.log.write_process(record)
     run.log.close()

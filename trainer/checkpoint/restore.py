@@ -4,6 +4,7 @@ mesh), else a fresh sharded init."""
 import json
 from typing import NamedTuple
 
+from trainer.checkpoint import local as local_lib
 from trainer.checkpoint import store
 from trainer.config import assemble, resume
 from trainer.observe.metrics import console
@@ -17,26 +18,38 @@ class Start(NamedTuple):
   layout_changed: bool = False
 
 
-def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resuming: bool) -> Start:
-  """The newest checkpoint that restores, else `init()`. `resuming`: judge what changed in the config
-  since the checkpoint, and check first that the devices can hold the state (a rollback changes
-  nothing, and the state it replaces still holds the memory)."""
+def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resuming: bool, local=None) -> Start:
+  """The newest checkpoint that restores, else `init()`: a local-tier copy (`local`) newer than every
+  persistent checkpoint first. `resuming`: judge what changed in the config since the checkpoint, and
+  check first that the devices can hold the state (a rollback changes nothing, and the state it
+  replaces still holds the memory)."""
+  if local is not None and resuming:
+    timeout_s = config.watchdog.restore_timeout_s
+    if found := local_lib.restore_newest(local, target, ckpt.manager.latest_step(), timeout_s):
+      state, position, saved, step = found  # Written under this very layout: nothing to re-check.
+      return _resumed(state, position, step, saved, comp, config, changed=False)
   restored = ckpt.restore_latest(target, check_memory=resuming)
   if restored is None:
     return Start(init(), 0, 0)
-  changed = False
+  changed, saved = False, None
   if resuming:
-    saved, now = ckpt.saved_config(restored.step), json.loads(config.to_json())
+    saved = ckpt.saved_config(restored.step)
     if config.checks.first_step:  # Only the first-step check asks whether the layout changed.
       changed = not store.same_layout(
         ckpt.saved_meta(restored.step).get("layout"), store.layout(comp, config)
       )
-    declared = assemble.declared(config.experiment)
-    for line in resume.check(saved, now, restored.step, config.checkpoint.allow_changed_keys, declared):
+  return _resumed(restored.state, restored.data, restored.step, saved, comp, config, changed)
+
+
+def _resumed(state, position: dict, step: int, saved: dict | None, comp, config, changed: bool) -> Start:
+  """The start from a restored state: what changed in the config since (`saved`; None on a rollback)
+  said, and its data position checked against this run's data."""
+  if saved is not None:
+    now, declared = json.loads(config.to_json()), assemble.declared(config.experiment)
+    for line in resume.check(saved, now, step, config.checkpoint.allow_changed_keys, declared):
       console(line)
-  position = restored.data
-  store.check_data_position(position, restored.step, comp, config.data.allow_changed_data)
-  return Start(restored.state, position["batch_offset"], position.get("rollbacks", 0), changed)
+  store.check_data_position(position, step, comp, config.data.allow_changed_data)
+  return Start(state, position["batch_offset"], position.get("rollbacks", 0), changed)
 
 
 class RolledBack(NamedTuple):

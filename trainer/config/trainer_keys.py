@@ -158,6 +158,20 @@ KEYS = {
   "checkpoint.keep_every": Key(
     0, whole(0), keys.FREE, "Also keep every checkpoint whose step is a multiple of this, forever (0: none)."
   ),
+  "checkpoint.local_every": Key(
+    -1,
+    whole(-1),
+    keys.FREE,
+    "Copy each process's shards to checkpoint.local_dir and to a partner process every N steps "
+    "(trainer/checkpoint/local.py): a lost host then costs at most a step. -1: every step where "
+    "local_dir has room for the copies, else off with a warning; 0: off.",
+  ),
+  "checkpoint.local_dir": Key(
+    "",
+    text,
+    keys.FREE,
+    "Host-local folder of the local and peer tiers ('': a per-run folder under /dev/shm, host memory).",
+  ),
   "checkpoint.on_nonfinite": Key(
     "stop",
     one_of("stop", "rollback"),

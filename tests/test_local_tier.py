@@ -1,0 +1,219 @@
+"""The local and peer checkpoint tiers (trainer/checkpoint/local.py): a lost host costs at most a step.
+
+One 2-process job under launch/local.py's restarts, persistent checkpoints every 6 steps, local copies
+every step; process 1 is killed four times where a pause holds it (the steps drawn from a seed and
+printed): after its own copy landed, after its local storage is wiped (a replacement host), while its
+copy is being made whole (torn), and with both copies of its shards gone. The losses equal an
+uninterrupted run's bit for bit, and each restart says which tier and copy it resumed from.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from tests.conftest import REPO, TINY_FLAGS, run_main, train_losses
+from trainer.checkpoint import local
+
+pytestmark = pytest.mark.slow
+
+SEED = 20261205
+STEPS = 20
+FLAGS = [
+  *(f for f in TINY_FLAGS if not f.startswith("--config.checkpoint.every=")),
+  f"--config.steps={STEPS}",
+  "--config.checkpoint.every=6",
+  "--config.checkpoint.local_every=1",
+]
+
+
+class _Job:
+  def __init__(self, workdir, local_dir, pauses_file, *launcher_flags):
+    main = ["--main=tests/main_with_pauses.py", "--", f"@{pauses_file}"] if pauses_file else ["--"]
+    self.proc = subprocess.Popen(
+      [sys.executable, "launch/local.py", "--processes=2", "--cpu_devices=4", *launcher_flags, *main]
+      + [*FLAGS, f"--config.checkpoint.local_dir={local_dir}", f"--workdir={workdir}"],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    self.lines: list[str] = []
+    threading.Thread(
+      target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")), daemon=True
+    ).start()
+
+  def wait_for(self, text: str, since: int = 0, timeout: float = 120) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+      for i, line in enumerate(self.lines[since:], since):
+        if text in line:
+          return i
+      assert self.proc.poll() is None, "the job ended early:\n" + "".join(self.lines[-40:])
+      time.sleep(0.05)
+    raise AssertionError(f"no {text!r} in {timeout} s:\n" + "".join(self.lines[-40:]))
+
+  def finish(self, timeout: float = 180) -> int | None:
+    """The launcher's exit code, or None if it had to be killed."""
+    try:
+      return self.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      self.proc.kill()
+      self.proc.wait()
+      return None
+
+  def output(self) -> str:
+    return "".join(self.lines)
+
+
+def _process_pid(launcher_pid: int, process: int) -> int:
+  for child in psutil.Process(launcher_pid).children():
+    if f"--process_id={process}" in child.cmdline():
+      return child.pid
+  raise AssertionError(f"no process {process} under the launcher")
+
+
+def _wait_for_file(path, timeout=60) -> None:
+  deadline = time.time() + timeout
+  while not os.path.exists(path):
+    assert time.time() < deadline, f"{path} never appeared"
+    time.sleep(0.05)
+
+
+def test_a_killed_process_loses_at_most_a_step_from_every_tier_and_the_losses_stay_bit_for_bit(tmp_path):
+  rng = np.random.default_rng(SEED)
+  # Each kill holds process 1 where it waits for global batch k (step k done, step k+1 next), or, for
+  # k3, in the rename that makes its copy of step k3 whole.
+  k1 = int(rng.integers(3, 6))
+  k2 = k1 + int(rng.integers(2, 4))
+  k3 = k2 + int(rng.integers(2, 4))
+  k4 = int(rng.integers(max(k3 + 2, 14), 18))  # After persistent checkpoint 12, before 18.
+  print(f"seed {SEED}: kills at steps {k1}, {k2} (storage wiped), {k3} (torn copy), {k4} (both copies lost)")
+  local_dir, pauses = tmp_path / "local", tmp_path / "pauses"
+  own = lambda p, step: local_dir / f"process_{p}" / "own" / str(step)  # noqa: E731
+  held = lambda p, src, step: local_dir / f"process_{p}" / "held" / str(src) / str(step)  # noqa: E731
+  phases = [(k1, "read"), (k2, "read"), (k3, "local"), (k4, "read")]
+  pauses.write_text(f"read=60@{k1}/p1")
+  straight = _Job(tmp_path / "straight", tmp_path / "straight_local", None)
+  job = _Job(tmp_path / "run", local_dir, pauses, "--max_restarts=4", "--restart_backoff_s=0.5")
+  try:
+    seen = 0
+    for i, (k, where) in enumerate(phases):
+      seen = job.wait_for(f"[p1] pause: {where} {k}", seen)
+      if where == "read":  # Its copy of step k whole here and at its partner's before the kill.
+        _wait_for_file(own(1, k) / "manifest.json")
+        _wait_for_file(held(0, 1, k) / "manifest.json")
+      pauses.write_text(f"{phases[i + 1][1]}=60@{phases[i + 1][0]}/p1" if i + 1 < len(phases) else "")
+      os.kill(_process_pid(job.proc.pid, 1), 9)
+      if k in (k2, k4):  # A replacement host: its local storage is gone.
+        shutil.rmtree(local_dir / "process_1")
+      if k == k4:  # ... and so is its partner's copy of its shards.
+        shutil.rmtree(local_dir / "process_0" / "held" / "1")
+      seen = job.wait_for("[launch] restart", seen)
+    assert job.finish() == 0, job.output()
+    assert straight.finish() == 0, straight.output()
+  finally:
+    job.finish(timeout=1)
+    straight.finish(timeout=1)
+  out = job.output()
+  both_own = "process 0 from its own copy; process 1 from its own copy"
+  assert f"restored step {k1} from the local tier: {both_own}" in out, out
+  from_partner = "process 0 from its own copy; process 1 from process 0's copy"
+  assert f"restored step {k2} from the local tier: {from_partner}" in out, out
+  assert f"restored step {k3 - 1} from the local tier: {both_own}" in out, out  # Step k3's copy was torn.
+  assert (
+    "local tier: nothing to resume from (process 1 has no whole copy, own or held by a partner)" in out
+  ), out
+  assert "resumed from checkpoint 12" in out, out
+  # Steps trained again: the last step process 0 finished before each kill, less the step resumed from.
+  last, again = 0, []
+  for line in job.lines:
+    if m := re.match(r"\[p0\] step (\d+)/", line):
+      last = int(m.group(1))
+    elif m := re.match(r"\[p0\] resumed from checkpoint (\d+)", line):
+      again.append(last - int(m.group(1)))
+  print(f"steps trained again after each kill: {again}")
+  assert len(again) == 4 and max(again[:3]) <= 1, again
+  assert train_losses(str(tmp_path / "run")) == train_losses(str(tmp_path / "straight"))
+  assert not local_dir.exists() and not (tmp_path / "straight_local").exists()  # A finished run frees them.
+
+
+def test_resuming_onto_another_process_count_falls_back_to_persistent_and_says_why(tmp_path):
+  """Copies written by 2 processes do not restore onto 1: the persistent tier's newest is used."""
+  local_dir, pauses = tmp_path / "local", tmp_path / "pauses"
+  pauses.write_text("read=60@8/p1")
+  job = _Job(tmp_path / "run", local_dir, pauses)
+  try:
+    job.wait_for("[p1] pause: read 8")
+    _wait_for_file(local_dir / "process_1" / "own" / "8" / "manifest.json")
+    os.kill(_process_pid(job.proc.pid, 1), 9)
+    job.finish(timeout=60)
+  finally:
+    job.finish(timeout=1)
+  flags = [
+    *FLAGS,
+    f"--config.checkpoint.local_dir={local_dir}",
+    f"--workdir={tmp_path / 'run'}",
+    "--cpu_devices=8",
+  ]
+  result = run_main(*flags, "--config.steps=8")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "copies were written under another layout or process count" in result.stdout, result.stdout
+  assert "resumed from checkpoint 6" in result.stdout, result.stdout
+
+
+def test_a_local_dir_without_room_is_one_line_unless_the_tier_is_automatic(tmp_path):
+  small = tmp_path / "small"
+  small.mkdir()
+  if (
+    os.geteuid() != 0
+    or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)]).returncode
+  ):
+    pytest.skip("a 256 KiB tmpfs needs root and mount")
+  try:
+    flags = [*FLAGS, "--config.steps=2", f"--config.checkpoint.local_dir={small}", "--cpu_devices=8"]
+    result = run_main(*flags, f"--workdir={tmp_path / 'a'}")
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert "of room and the local and peer tiers need" in line and "local_every=0" in line, line
+    result = run_main(
+      *flags[:-2],
+      f"--config.checkpoint.local_dir={small}",
+      "--cpu_devices=8",
+      f"--workdir={tmp_path / 'b'}",
+      "--config.checkpoint.local_every=-1",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning: the local checkpoint tier is off" in result.stdout, result.stdout
+  finally:
+    subprocess.run(["umount", str(small)])
+
+
+def test_the_partner_lives_on_another_host_where_there_is_one():
+  assert local.partner(0, ["a", "a", "b", "b"]) == 2 and local.partner(3, ["a", "a", "b", "b"]) == 0
+  assert local.partner(1, ["h", "h"]) == 0  # One host: the next process.
+  holdings = {0: {"own": [4, 5], "held": {"1": [4, 5]}}, 1: {"own": [4], "held": {"0": [4, 5]}}}
+  assert local.newest_common(holdings, 2) == 5  # Process 1's step 5 from process 0's hands.
+  holdings[0]["held"] = {}
+  assert local.newest_common(holdings, 2) == 4
+
+
+def test_a_torn_or_garbled_copy_is_never_whole(tmp_path):
+  blob = b"shards"
+  manifest = {"step": 3, "sha256": __import__("hashlib").sha256(blob).hexdigest(), "fingerprint": "f"}
+  local.write_copy(str(tmp_path), 3, blob, manifest)
+  local.write_copy(str(tmp_path), 4, blob, {**manifest, "step": 4})
+  (tmp_path / "5.tmp").mkdir()  # A kill before the rename.
+  assert local.whole_copies(str(tmp_path)) == {3: "f", 4: "f"}
+  (tmp_path / "4" / "shards.pkl").write_bytes(b"shardz")  # Damaged after the fact.
+  assert local.whole_copies(str(tmp_path)) == {3: "f"}
+  for step in (5, 6, 7):
+    local.write_copy(str(tmp_path), step, blob, {**manifest, "step": step})
+  assert sorted(os.listdir(tmp_path)) == ["5", "6", "7"]  # The newest KEEP; torn leftovers removed.

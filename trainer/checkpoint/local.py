@@ -1,0 +1,388 @@
+"""The local and peer checkpoint tiers: a lost host costs at most the step in flight, not a persistent
+checkpoint interval.
+
+Every `checkpoint.local_every` steps each process copies its own shards of the whole train state
+(params, variables, EMA, optimizer state, RNG, step) to host memory with the data position and the
+config, before the next step can donate them; a thread then writes the copy to `checkpoint.local_dir`
+(host-local, by default a folder under /dev/shm) and sends the same bytes to its partner, a process
+on another host where there is one, over the peer service (trainer/cluster/peers.py), which keeps it
+in its own local_dir. Both sides keep their newest three (KEEP). The next copy waits for the previous one's
+write: the loop never runs more than one copy ahead of what is whole on disk.
+
+A copy is a folder STEP holding `shards.pkl` and `manifest.json` (the bytes' sha256, the step, the
+process, the process count, the layout), written as STEP.tmp and renamed when whole: a kill mid-write
+leaves a .tmp that is never read and is removed; a copy whose bytes do not match their checksum is
+skipped (it is merely incomplete or damaged host memory: nothing to set aside).
+
+Restore (trainer/checkpoint/restore.py asks before the persistent tier): every process says which
+copies it holds whole, its own and its partners'; the newest step that every process can get whole,
+written under this layout by as many processes, wins if it is newer than the newest persistent
+checkpoint. Each process reads its own copy, else fetches it from the process that holds it.
+"""
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import socket
+import tempfile
+import threading
+import time
+
+import jax
+import numpy as np
+
+from errors import UserError
+from trainer.cluster import multihost, peers
+from trainer.observe.metrics import console
+from trainer.state import path_keys
+
+# Three, not two: a process whose write lags (its copy of step k torn by a kill) has k-1 whole while a
+# partner one step ahead has written k and k+1; with two each, no step would be whole for both.
+KEEP = 3
+PUT, GET = 2, 3  # Peer-service message types (peers.PROBE is 1).
+_PEER_TIMEOUT_S = 120.0
+
+
+def default_dir(workdir: str) -> str:
+  """A per-run folder in host memory (/dev/shm) where there is one, else the system's temporary folder."""
+  base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+  run = hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:12]
+  return os.path.join(base, f"jax-template-{run}")
+
+
+def _index_key(index, shape) -> tuple:
+  return tuple((s.start or 0, shape[i] if s.stop is None else s.stop) for i, s in enumerate(index))
+
+
+def host_copy(state) -> dict:
+  """{leaf path: {index: numpy array}}: this process's distinct shards, copied now (blocking)."""
+  leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+  for _, leaf in leaves:
+    for shard in leaf.addressable_shards:
+      shard.data.copy_to_host_async()
+  out = {}
+  for path, leaf in leaves:
+    shards = {}
+    for shard in leaf.addressable_shards:
+      key = _index_key(shard.index, leaf.shape)
+      if key not in shards:
+        shards[key] = np.asarray(shard.data)
+    out["/".join(path_keys(path))] = shards
+  return out
+
+
+def to_state(saved: dict, target):
+  """`target` (abstract, with shardings) filled from `saved` shards; KeyError if a shard is missing."""
+
+  def build(path, abstract):
+    shards = saved["/".join(path_keys(path))]
+    devices = abstract.sharding.addressable_devices_indices_map(abstract.shape)
+    arrays = [
+      jax.device_put(shards[_index_key(index, abstract.shape)].astype(abstract.dtype), device)
+      for device, index in devices.items()
+    ]
+    return jax.make_array_from_single_device_arrays(abstract.shape, abstract.sharding, arrays)
+
+  return jax.tree_util.tree_map_with_path(build, target)
+
+
+def _commit(tmp: str, final: str) -> None:
+  """The rename that makes a copy whole (tests pause here to tear one)."""
+  shutil.rmtree(final, ignore_errors=True)
+  os.replace(tmp, final)
+
+
+def write_copy(folder: str, step: int, blob: bytes, manifest: dict) -> None:
+  tmp, final = os.path.join(folder, f"{step}.tmp"), os.path.join(folder, str(step))
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  with open(os.path.join(tmp, "shards.pkl"), "wb") as f:
+    f.write(blob)
+  with open(os.path.join(tmp, "manifest.json"), "w") as f:
+    json.dump(manifest, f)
+  _commit(tmp, final)
+  for name in os.listdir(folder):  # The newest KEEP, and no torn leftovers.
+    if name.endswith(".tmp") and name != f"{step}.tmp":
+      shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+  for old in sorted((int(n) for n in os.listdir(folder) if n.isdigit()), reverse=True)[KEEP:]:
+    shutil.rmtree(os.path.join(folder, str(old)), ignore_errors=True)
+
+
+def read_copy(folder: str, step: int) -> tuple[dict, bytes] | None:
+  """(manifest, bytes) of a whole copy, or None (missing, torn or not matching its checksum)."""
+  try:
+    with open(os.path.join(folder, str(step), "manifest.json")) as f:
+      manifest = json.load(f)
+    with open(os.path.join(folder, str(step), "shards.pkl"), "rb") as f:
+      blob = f.read()
+  except (OSError, ValueError):
+    return None
+  return (manifest, blob) if hashlib.sha256(blob).hexdigest() == manifest.get("sha256") else None
+
+
+def whole_copies(folder: str) -> dict[int, str]:
+  """{step: fingerprint} of the whole copies in `folder` (each read and checked once)."""
+  if not os.path.isdir(folder):
+    return {}
+  copies = {int(n): read_copy(folder, int(n)) for n in os.listdir(folder) if n.isdigit()}
+  return {step: copy[0].get("fingerprint") for step, copy in copies.items() if copy}
+
+
+class LocalTier:
+  """This process's copies (local_dir/process_I/own) and those it holds for others (.../held/J)."""
+
+  def __init__(self, local_dir: str, every: int, fingerprint: str, config_json: dict):
+    self.every, self.fingerprint, self.config_json = every, fingerprint, config_json
+    self.me, self.processes = jax.process_index(), jax.process_count()
+    self.root = os.path.join(local_dir, f"process_{self.me}")
+    self.own = os.path.join(self.root, "own")
+    self._thread: threading.Thread | None = None
+    self._error: BaseException | None = None
+    self.last_write_s = 0.0
+    os.makedirs(self.own, exist_ok=True)
+    self.partner = None
+    self._service = peers.service()
+    if self._service is not None:
+      self._service.handlers.update({PUT: self._receive, GET: self._send})
+      hosts = multihost.gather("local_tier_hosts", {"host": socket.gethostname()}, timeout_s=600)
+      self.partner = partner(self.me, [hosts[p]["host"] for p in range(self.processes)])
+
+  def held(self, source: int) -> str:
+    return os.path.join(self.root, "held", str(source))
+
+  # --- Saving.
+  def due(self, step: int) -> bool:
+    return bool(self.every) and step % self.every == 0
+
+  def save(self, step: int, state, position: dict, checked: bool) -> None:
+    """Copies this process's shards now (blocking); writes and sends them on a thread."""
+    self.wait()
+    shards = host_copy(state)
+    record = {"step": step, "position": position, "config": self.config_json, "shards": shards}
+    manifest = {"step": step, "process": self.me, "processes": self.processes, "checked": checked}
+    self._thread = threading.Thread(target=self._write, args=(record, manifest), daemon=True)
+    self._thread.start()
+
+  def _write(self, record: dict, manifest: dict) -> None:
+    started = time.time()
+    try:
+      blob = pickle.dumps(record, protocol=5)
+      manifest = {**manifest, "fingerprint": self.fingerprint, "sha256": hashlib.sha256(blob).hexdigest()}
+      write_copy(self.own, record["step"], blob, manifest)
+      if self.partner is not None:
+        header = json.dumps(manifest).encode()
+        payload = len(header).to_bytes(8, "big") + header + blob
+        peers.request(self._addresses()[self.partner], PUT, payload, _PEER_TIMEOUT_S)
+    except BaseException as e:  # noqa: BLE001 - raised in the loop by wait().
+      self._error = e
+    self.last_write_s = time.time() - started
+
+  def wait(self, raise_error: bool = True) -> None:
+    """The copy in flight written (and sent); its error, if any, raised here: a full local disk or an
+    unreachable partner ends the run like any failing save."""
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+    if self._error is not None and raise_error:
+      error, self._error = self._error, None
+      raise error
+
+  def _addresses(self) -> dict[int, str]:
+    return peers.addresses()
+
+  # --- The peer service's side: copies of a partner's shards.
+  def _receive(self, payload: bytes) -> bytes:
+    n = int.from_bytes(payload[:8], "big")
+    manifest, blob = json.loads(payload[8 : 8 + n]), payload[8 + n :]
+    folder = self.held(int(manifest["process"]))
+    os.makedirs(folder, exist_ok=True)
+    write_copy(folder, int(manifest["step"]), blob, manifest)
+    return b"{}"
+
+  def _send(self, payload: bytes) -> bytes:
+    asked = json.loads(payload)
+    copy = read_copy(self.held(int(asked["process"])), int(asked["step"]))
+    if copy is None:
+      raise ValueError(
+        f"process {self.me} holds no whole copy of step {asked['step']} of process {asked['process']}"
+      )
+    header = json.dumps(copy[0]).encode()
+    return len(header).to_bytes(8, "big") + header + copy[1]
+
+  # --- Restoring.
+  def holdings(self) -> dict:
+    """What this process holds whole: its own steps and others' under this run's fingerprint, and how
+    many copies were written under another (another layout or process count)."""
+    held_root = os.path.join(self.root, "held")
+    sources = sorted(filter(str.isdigit, os.listdir(held_root))) if os.path.isdir(held_root) else []
+    found = {"own": whole_copies(self.own), **{s: whole_copies(self.held(int(s))) for s in sources}}
+    mine = {k: sorted(st for st, f in copies.items() if f == self.fingerprint) for k, copies in found.items()}
+    others = sum(f != self.fingerprint for copies in found.values() for f in copies.values())
+    return {"own": mine.pop("own"), "held": mine, "other": others}
+
+  def load(self, step: int, holders: dict[int, dict]):
+    """(record, where) of this process's copy of `step`: its own, else fetched from a holder."""
+    copy = read_copy(self.own, step)
+    where = "its own copy"
+    if copy is None:
+      holder = next(p for p, h in sorted(holders.items()) if step in h["held"].get(str(self.me), []))
+      body = peers.request(
+        self._addresses()[holder],
+        GET,
+        json.dumps({"process": self.me, "step": step}).encode(),
+        _PEER_TIMEOUT_S,
+      )
+      n = int.from_bytes(body[:8], "big")
+      manifest, blob = json.loads(body[8 : 8 + n]), body[8 + n :]
+      if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
+        raise OSError(f"process {holder}'s copy of step {step} arrived damaged")
+      copy, where = (manifest, blob), f"process {holder}'s copy"
+    return pickle.loads(copy[1]), where
+
+  def discard_after(self, step: int) -> None:
+    """Removes own and held copies newer than `step` (a rollback, or a failed integrity check)."""
+    folders = [self.own]
+    held_root = os.path.join(self.root, "held")
+    if os.path.isdir(held_root):
+      folders += [os.path.join(held_root, n) for n in os.listdir(held_root)]
+    for folder in folders:
+      for name in os.listdir(folder):
+        if name.split(".")[0].isdigit() and int(name.split(".")[0]) > step:
+          shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+
+  def close(self, finished: bool) -> None:
+    """Waits for the copy in flight; a finished run (its last step persistent) frees the memory."""
+    self.wait()
+    if finished:
+      shutil.rmtree(self.root, ignore_errors=True)
+      try:
+        os.rmdir(os.path.dirname(self.root))  # The run's folder, once no process has copies in it.
+      except OSError:
+        pass
+
+
+def partner(me: int, hosts: list[str]) -> int:
+  """The process that holds `me`'s copies: the next one on another host, else simply the next one."""
+  n = len(hosts)
+  return next(((me + k) % n for k in range(1, n) if hosts[(me + k) % n] != hosts[me]), (me + 1) % n)
+
+
+def newest_common(holdings: dict[int, dict], processes: int) -> int | None:
+  """The newest step every process can get whole: from its own copy or one another process holds."""
+  common = set.intersection(*(_available(holdings, p) for p in range(processes)))
+  return max(common) if common else None
+
+
+def shortfall(local_dir: str, state_bytes: int) -> str | None:
+  """Why `local_dir` cannot hold the tiers' copies, or None: KEEP copies of this process's shards and
+  KEEP of its partner's, and one of each being written."""
+  try:
+    os.makedirs(local_dir, exist_ok=True)
+    have = shutil.disk_usage(local_dir).free + _bytes_under(local_dir)
+  except OSError as e:
+    return f"checkpoint.local_dir={local_dir} cannot be used ({e.strerror or e})"
+  need = 2 * (KEEP + 1) * state_bytes
+  if have >= need:
+    return None
+  return (
+    f"checkpoint.local_dir={local_dir} has {have / 2**20:.0f} MiB of room and the local and peer tiers "
+    f"need {need / 2**20:.0f} MiB ({KEEP + 1} copies of this process's {state_bytes / 2**20:.1f} MiB of "
+    f"shards and {KEEP + 1} of its partner's)"
+  )
+
+
+_ROOM = (
+  "give it more room (docker --shm-size, a Kubernetes emptyDir with medium Memory and a sizeLimit), "
+  "point checkpoint.local_dir elsewhere, or set checkpoint.local_every=0"
+)
+
+
+def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
+  """The run's tiers, or None where checkpoint.local_every is 0, or -1 and local_dir lacks room (said)."""
+  c = config.checkpoint
+  if c.local_every == 0:
+    return None
+  local_dir = os.path.abspath(c.local_dir or default_dir(workdir))
+  short = shortfall(local_dir, state_bytes(target))
+  timeout_s = config.watchdog.startup_timeout_s
+  if not multihost.all_agree("local_tier_room", short is None, timeout_s):
+    why = short or "another process's local_dir has no room"
+    if c.local_every > 0:
+      raise UserError(f"{why}: {_ROOM}")
+    console(
+      f"warning: the local checkpoint tier is off: {why}; a lost host costs up to checkpoint.every steps"
+    )
+    return None
+  key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+  return LocalTier(local_dir, max(c.local_every, 1), key, json.loads(config.to_json()))
+
+
+def _bytes_under(folder: str) -> int:
+  total = 0
+  for root, _, files in os.walk(folder):
+    for name in files:
+      try:
+        total += os.path.getsize(os.path.join(root, name))
+      except OSError:
+        pass
+  return total
+
+
+def state_bytes(target) -> int:
+  """Bytes of this process's distinct shards of `target` (abstract arrays with shardings)."""
+  total = 0
+  for leaf in jax.tree.leaves(target):
+    indices = {
+      _index_key(i, leaf.shape) for i in leaf.sharding.addressable_devices_indices_map(leaf.shape).values()
+    }
+    total += (
+      len(indices) * int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * np.dtype(leaf.dtype).itemsize
+    )
+  return total
+
+
+def restore_newest(tier: LocalTier, target, persistent_newest: int | None, timeout_s: float):
+  """(state, data position, saved config, step) of the newest step every process can get whole from the
+  tiers, if newer than `persistent_newest`; else None, with a line saying why when copies existed."""
+  holdings = multihost.gather("local_holdings", tier.holdings(), timeout_s)
+  step = newest_common(holdings, tier.processes)
+  others = sum(h["other"] for h in holdings.values())
+  if step is None or (persistent_newest is not None and step <= persistent_newest):
+    if step is None and any(h["own"] or h["held"] or h["other"] for h in holdings.values()):
+      lacking = [p for p in range(tier.processes) if not _available(holdings, p)]
+      why = (
+        f"process {', '.join(map(str, lacking))} has no whole copy, own or held by a partner"
+        if lacking
+        else "no one step is whole for every process"
+      )
+      why += f"; {others} copies were written under another layout or process count" if others else ""
+      console(f"local tier: nothing to resume from ({why}); the persistent tier's newest checkpoint is used")
+    return None
+  record, where, error = None, None, None
+  try:
+    record, where = tier.load(step, holdings)
+    state = to_state(record["shards"], target)
+  except (OSError, KeyError, ValueError, StopIteration) as e:
+    error = f"{type(e).__name__}: {e}"
+  wheres = multihost.gather("local_restored", {"where": where, "error": error}, timeout_s)
+  failed = {p: w["error"] for p, w in wheres.items() if w["error"]}
+  if failed:
+    p, why = next(iter(failed.items()))
+    console(
+      f"local tier: step {step} could not be restored (process {p}: {why[:200]}); using the persistent tier"
+    )
+    return None
+  console(
+    f"restored step {step} from the local tier: "
+    + "; ".join(f"process {p} from {w['where']}" for p, w in sorted(wheres.items()))
+  )
+  return state, record["position"], record["config"], step
+
+
+def _available(holdings: dict, process: int) -> set:
+  steps = set(holdings[process]["own"])
+  for h in holdings.values():
+    steps |= set(h["held"].get(str(process), []))
+  return steps
