@@ -97,7 +97,9 @@ def supervise(
       at_startup = {}
       dropped = f"; slot {slot} did not come back: continuing on {processes} processes (renumbered)"
     step = rundir.newest_checkpoint(workdir)
-    resume = f"checkpoint {step}" if step is not None else "the start (no checkpoint yet)"
+    # The local tier (trainer/checkpoint/local.py) lives on the hosts: the process finds any newer copy.
+    resume = f"checkpoint {step}" if step is not None else "the start (no persistent checkpoint yet)"
+    resume += " or a newer local copy"
     log(
       f"restart {restarts}/{max_restarts}: process {slot} {cause(raw)}{dropped}; resuming from "
       f"{resume} in {restart_backoff_s:g} s"

@@ -302,7 +302,8 @@ def test_a_failed_job_is_relaunched_and_a_user_error_or_the_restart_budget_ends_
   assert len(launch) == 2 and launch[0].startswith("process 1 exited with code 11"), launch
   assert (
     launch[1]
-    == "restart 1/2: process 1 exited with code 11; resuming from the start (no checkpoint yet) in 0 s"
+    == "restart 1/2: process 1 exited with code 11; resuming from the start (no persistent checkpoint yet) "
+    "or a newer local copy in 0 s"
   )
   (recovery,) = {line for line in _lines(result.stdout, "[p0] recovery ")}
   info = json.loads(recovery)
@@ -330,10 +331,11 @@ def test_elastic_drops_a_slot_that_fails_twice_at_start_up(stub, tmp_path):
   assert result.returncode == 0, result.stderr
   restarts = [line for line in _lines(result.stderr, "[launch] ") if line.startswith("restart")]
   assert restarts == [
-    "restart 1/3: process 1 exited with code 1; resuming from the start (no checkpoint yet) in 0 s",
+    "restart 1/3: process 1 exited with code 1; resuming from the start (no persistent checkpoint yet) "
+    "or a newer local copy in 0 s",
     "restart 2/3: process 1 exited with code 1; slot 1 did not come back: continuing on 1 processes "
     "(renumbered); "
-    "resuming from the start (no checkpoint yet) in 0 s",
+    "resuming from the start (no persistent checkpoint yet) or a newer local copy in 0 s",
   ]
   assert _lines(result.stdout, "[p1] hello from ") == ["1", "1"]  # Twice, then never again.
 

@@ -283,13 +283,11 @@ def shortfall(local_dir: str, state_bytes: int) -> str | None:
     have = shutil.disk_usage(local_dir).free + _bytes_under(local_dir)
   except OSError as e:
     return f"checkpoint.local_dir={local_dir} cannot be used ({e.strerror or e})"
-  need = 2 * (KEEP + 1) * state_bytes
-  if have >= need:
+  if have >= 2 * (KEEP + 1) * state_bytes:
     return None
   return (
-    f"checkpoint.local_dir={local_dir} has {have / 2**20:.0f} MiB of room and the local and peer tiers "
-    f"need {need / 2**20:.0f} MiB ({KEEP + 1} copies of this process's {state_bytes / 2**20:.1f} MiB of "
-    f"shards and {KEEP + 1} of its partner's)"
+    f"checkpoint.local_dir={local_dir} has {have / 2**20:.1f} MiB of room and the local and peer tiers "
+    f"need {memory_line(state_bytes)}"
   )
 
 
@@ -316,7 +314,17 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
     )
     return None
   key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-  return LocalTier(local_dir, max(c.local_every, 1), key, json.loads(config.to_json()))
+  tier = LocalTier(local_dir, max(c.local_every, 1), key, json.loads(config.to_json()))
+  console(f"local tier: {memory_line(state_bytes(target))}; {local_dir}")
+  return tier
+
+
+def memory_line(state_bytes: int) -> str:
+  """What the tiers hold in host memory per process (process 0's shards stand for every process's)."""
+  return (
+    f"up to {2 * (KEEP + 1) * state_bytes / 2**20:.1f} MiB of host memory per process ({KEEP + 1} copies "
+    f"of its {state_bytes / 2**20:.1f} MiB of shards and as many of its partner's)"
+  )
 
 
 def _bytes_under(folder: str) -> int:

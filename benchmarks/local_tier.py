@@ -1,0 +1,70 @@
+"""What the local and peer checkpoint tiers cost (trainer/checkpoint/local.py): a real 2-process job
+(launch/local.py, 2 x 4 logical CPU devices, mesh data 2 x fsdp 2 x tensor 2) with a copy every step
+against the same job with the tiers off, interleaved A B A B, for the smoke model and a ~107M-parameter
+model (benchmarks/checkpoint.py's LARGE). Prints seconds per step over the steps after the first
+logging window (wall time between metrics rows: every blocking copy and save included), the ratio
+off / on (1.0: no cost; the goal is >= 0.97), and the host memory the tiers hold per process.
+
+  .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2]
+
+Logical CPU devices share this machine's cores with the writer threads: the ratio, not the seconds,
+carries over, and a GPU host copies over PCIe instead.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+from checkpoint import LARGE  # noqa: E402
+
+FLAGS = ["--config=configs/smoke_cpu.py", "--config.eval_steps=0", "--config.eval_every=0"]
+FLAGS += ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.log_every=4"]
+
+
+def seconds_per_step(model: dict, steps: int, local_every: int, workdir: str) -> tuple[float, dict]:
+  """(seconds per step after the first window, the local tier's size line from process 0's output)."""
+  flags = [*FLAGS, f"--config.steps={steps}", f"--config.checkpoint.every={steps}"]
+  flags += [f"--config.{k}={v}" for k, v in model.items()]
+  flags += [f"--config.checkpoint.local_every={local_every}", f"--workdir={workdir}"]
+  flags += [f"--config.checkpoint.local_dir={workdir}-local"]
+  launcher = [sys.executable, "launch/local.py", "--processes=2", "--cpu_devices=4", "--"]
+  result = subprocess.run(launcher + flags, cwd=REPO, capture_output=True, text=True, timeout=1800)
+  if result.returncode:
+    raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [r for r in map(json.loads, f) if "loss" in r]
+  first, last = rows[0], rows[-1]
+  sizes = [line for line in result.stdout.splitlines() if "local tier:" in line and "MiB" in line]
+  return (last["time"] - first["time"]) / (last["step"] - first["step"]), (sizes[0] if sizes else "")
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--steps", type=int, default=24)
+  parser.add_argument("--rounds", type=int, default=2)
+  args = parser.parse_args()
+  print("2 processes x 4 logical CPU devices; seconds per step, copies every step against none")
+  for name, model in (("smoke", {}), ("~107M", LARGE)):
+    times = {0: [], 1: []}
+    size = ""
+    with tempfile.TemporaryDirectory() as tmp:
+      for r in range(args.rounds):
+        for every in (0, 1):
+          s, line = seconds_per_step(model, args.steps, every, os.path.join(tmp, f"{every}-{r}"))
+          times[every].append(s)
+          size = line or size
+    off, on = statistics.median(times[0]), statistics.median(times[1])
+    print(f"{name:>6}: off {off:.3f} s, local+peer every step {on:.3f} s: off/on {off / on:.3f}x")
+    if size:
+      print(f"        {size.split('] ', 1)[-1]}")
+
+
+if __name__ == "__main__":
+  main()
