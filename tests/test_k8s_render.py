@@ -232,6 +232,7 @@ def test_command_runs_main_with_config_workdir_and_the_extra_flags():
     "--workdir=/runs/lm_125m",
     "--config.steps=1000",
     "--config.mesh.fsdp=8",
+    "--config.checkpoint.local_dir=/local-tier",  # The node's folder: it outlives a JobSet restart.
   ]
   assert container["workingDir"] == "/app"
   assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
@@ -242,11 +243,22 @@ def test_workdir_volume_and_shared_memory():
   volumes = {v["name"]: v for v in pod["volumes"]}
   mounts = {m["name"]: m["mountPath"] for m in _container(pod)["volumeMounts"]}
   assert volumes["workdir"]["persistentVolumeClaim"] == {"claimName": "runs"}
-  assert mounts == {"workdir": "/runs", "dshm": "/dev/shm"}
+  assert mounts == {"workdir": "/runs", "dshm": "/dev/shm", "local-tier": "/local-tier"}
   assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
-  # A gs:// workdir mounts nothing; no shm_size keeps the default /dev/shm; 0 GPUs: a CPU-only pod.
+  # The local checkpoint tier on the node (memory-backed), per job: a recreated pod finds its copies.
+  assert volumes["local-tier"]["hostPath"] == {
+    "path": "/dev/shm/jax-template/train",
+    "type": "DirectoryOrCreate",
+  }
+  # A gs:// workdir mounts nothing; no shm_size keeps the default /dev/shm; no local tier host path
+  # leaves local_dir to the config; 0 GPUs: a CPU-only pod.
   pod = _gpu_pod(
-    k8s.render(**dict(BASE, workdir="gs://bucket/run", pvc=None), shm_size=None, gpus_per_replica=0)
+    k8s.render(
+      **dict(BASE, workdir="gs://bucket/run", pvc=None),
+      shm_size=None,
+      local_tier_host_path=None,
+      gpus_per_replica=0,
+    )
   )
   assert pod["volumes"] == [] and _container(pod)["volumeMounts"] == []
   assert "resources" not in _container(pod)

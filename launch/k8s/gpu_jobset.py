@@ -26,6 +26,7 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 # trainer/cluster/peers.py: process I's peer service (the link probes between every pair of processes)
 # listens on PEER_PORT_BASE + I; the manifest sets the base to the coordinator port + 1, its default.
 PEER_PORT_BASE_ENV = "PEER_PORT_BASE"
+LOCAL_TIER_MOUNT = "/local-tier"  # Where the pod sees its node's local-tier folder (checkpoint.local_dir).
 
 
 def peer_ports(port: int, replicas: int) -> tuple[int, int]:
@@ -37,6 +38,10 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
   _check_hostname(o.name, WORKER_JOB, 1, o.replicas)
   coordinator = f"{o.name}-{WORKER_JOB}-0-0.{o.name}:{o.port}"
   volumes, mounts = _volumes(o.workdir, o.pvc, o.mount_path, o.shm_size)
+  if o.local_tier_host_path:  # The local checkpoint tier outlives the pod on its node.
+    path = f"{o.local_tier_host_path.rstrip('/')}/{o.name}"
+    volumes.append({"name": "local-tier", "hostPath": {"path": path, "type": "DirectoryOrCreate"}})
+    mounts.append({"name": "local-tier", "mountPath": LOCAL_TIER_MOUNT})
   # XLA's GPU throughput flags (launch/gpu_flags.py), then an --env XLA_FLAGS of yours: later ones win.
   xla_flags = []
   if o.gpus_per_replica:

@@ -61,6 +61,7 @@ from launch.k8s.common import (  # noqa: E402, F401
 from launch.k8s.gpu_jobset import (  # noqa: E402, F401
   COMPLETION_INDEX,
   COORDINATOR_PORT,
+  LOCAL_TIER_MOUNT,
   _coordinator_policy,
   _gpu_objects,
   _headless_service,
@@ -97,6 +98,7 @@ def render(
   max_restarts: int = 10,
   termination_grace_s: int = 120,
   shm_size: str | None = "16Gi",
+  local_tier_host_path: str | None = "/dev/shm/jax-template",
   node_selector: Mapping[str, str] | None = None,
   env: Mapping[str, str] | None = None,
   service: bool = True,
@@ -123,6 +125,10 @@ def render(
     the JobSet is marked failed. Preemptions count too.
   termination_grace_s: seconds between SIGTERM and SIGKILL, for the trainer's save on preemption.
   shm_size: size of /dev/shm (memory-backed); None keeps the container default (64 MiB).
+  local_tier_host_path: GPU: the node's folder (a hostPath, memory-backed under /dev/shm) where the local
+    checkpoint tier keeps its copies, as checkpoint.local_dir=/local-tier: a pod's own emptyDir dies
+    with the pod, and a JobSet restart recreates every pod. The node's /dev/shm must hold what the
+    run's `local tier:` line says. None: the config's local_dir, inside the pod.
   node_selector: GPU: for the worker pods; Pathways: for the head pod (e.g. a CPU node pool).
   env: extra environment variables for main.py's container.
   service: also render the headless Service (GPU); the JobSet controller otherwise creates it.
@@ -160,6 +166,11 @@ def render(
         f"port={port}: must be in [1, {65535 - replicas}]: the {replicas} processes' peer services listen "
         "on the ports right above it (trainer/cluster/peers.py)"
       )
+    local_dir_given = any(a.startswith("--config.checkpoint.local_dir=") for a in command_args)
+    if local_tier_host_path and not local_dir_given:
+      main_args.append(f"--config.checkpoint.local_dir={LOCAL_TIER_MOUNT}")
+    else:
+      o.local_tier_host_path = None
     o.args = main_args
     objects = _gpu_objects(o)
   # The schemas and the API server's rules (launch/k8s/schema.py) catch what the checks above do not (an
@@ -223,6 +234,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--max_restarts", type=int, default=10, help="JobSet restarts before it fails")
   parser.add_argument("--termination_grace_s", type=int, default=120, help="SIGTERM-to-SIGKILL seconds")
   parser.add_argument("--shm_size", default="16Gi", help="/dev/shm size; empty keeps the default")
+  parser.add_argument(
+    "--local_tier_host_path",
+    default="/dev/shm/jax-template",
+    help="GPU: the node folder of the local checkpoint tier (survives pod restarts); empty: inside the pod",
+  )
   parser.add_argument("--node_selector", action="append", default=[], metavar="KEY=VALUE")
   parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra env for main.py")
   parser.add_argument("--no_service", action="store_true", help="leave the headless Service to JobSet")
@@ -270,6 +286,7 @@ def main(argv: list[str]) -> int:
       max_restarts=args.max_restarts,
       termination_grace_s=args.termination_grace_s,
       shm_size=args.shm_size or None,
+      local_tier_host_path=args.local_tier_host_path or None,
       node_selector=node_selector,
       env=env,
       service=not args.no_service,
