@@ -24,7 +24,12 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 from checkpoint import LARGE  # noqa: E402
 
-FLAGS = ["--config=configs/smoke_cpu.py", "--config.eval_steps=0", "--config.eval_every=0"]
+FLAGS = [
+  "--config=configs/smoke_cpu.py",
+  "--config.eval_steps=0",
+  "--config.eval_every=0",
+  "--config.checks.first_step=false",
+]
 FLAGS += ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.log_every=4"]
 
 
@@ -37,7 +42,8 @@ def seconds_per_step(model: dict, steps: int, local_every: int, workdir: str) ->
   launcher = [sys.executable, "launch/local.py", "--processes=2", "--cpu_devices=4", "--"]
   result = subprocess.run(launcher + flags, cwd=REPO, capture_output=True, text=True, timeout=1800)
   if result.returncode:
-    raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "error" in line.lower()]
+    raise SystemExit("\n".join(errors[:10]) or result.stdout[-3000:])
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [r for r in map(json.loads, f) if "loss" in r]
   first, last = rows[0], rows[-1]

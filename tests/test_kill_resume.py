@@ -123,8 +123,9 @@ def _assert_exact_continuation(workdir, straight):
 
 
 def test_sigkill_in_the_final_save_resumes_exactly(tmp_path, straight):
-  """Killed inside the final save, the rerun trains the last steps again and ends as an uninterrupted
-  run. (kill -9 at random moments, mid-step and mid-save, of a 2-process job: tests/test_chaos.py.)"""
+  """Killed inside the final save, the rerun trains the last step again (from the local tier's copy of
+  the step before) and ends as an uninterrupted run. (kill -9 at random moments, mid-step and
+  mid-save, of a 2-process job: tests/test_chaos.py.)"""
   workdir = str(tmp_path)
   stale = frozenset(_partial_saves(workdir))
   proc = _start(workdir, pauses=f"save=60@{STEPS}")
@@ -137,10 +138,11 @@ def test_sigkill_in_the_final_save_resumes_exactly(tmp_path, straight):
   proc = _start(workdir)
   out = _finish(proc)
   assert proc.returncode == 0, out
-  assert "resumed from checkpoint" in out
+  # The last step is never a local copy (the persistent save stands for it): the step before it is.
+  assert f"restored step {STEPS - 1} from the local tier: process 0 from its own copy" in out, out
   assert not _saving(workdir)  # The killed save's partial directory was cleaned, never restored.
   _assert_exact_continuation(workdir, straight)
-  # The rerun trained the steps after checkpoint 20 again: its goodput counts them as lost, and its
+  # The rerun trained the last step again: its goodput counts it as lost, and its
   # categories add up to its wall time.
   with open(os.path.join(workdir, "summary.json")) as f:
     split = json.load(f)["goodput"]

@@ -137,7 +137,7 @@ def test_a_killed_process_loses_at_most_a_step_from_every_tier_and_the_losses_st
   for line in job.lines:
     if m := re.match(r"\[p0\] step (\d+)/", line):
       last = int(m.group(1))
-    elif m := re.match(r"\[p0\] resumed from checkpoint (\d+)", line):
+    elif m := re.match(r"\[p0\] (?:resumed from checkpoint|restored step) (\d+)", line):
       again.append(last - int(m.group(1)))
   print(f"steps trained again after each kill: {again}")
   assert len(again) == 4 and max(again[:3]) <= 1, again

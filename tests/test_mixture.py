@@ -4,6 +4,7 @@ each source's share is in the metrics, and another weighting is another fingerpr
 is refused like any change of data)."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -118,7 +119,9 @@ def test_one_process_and_two_see_the_same_mixed_batches_and_a_kill_resumes_them(
   kill_while_waiting_for_batch(5, "--cpu_devices=8", *flags, workdir=killed, checkpoint=4)
   assert max(_rows(killed)) < 8
   resumed = run_main("--cpu_devices=8", *flags, f"--workdir={killed}")
-  assert resumed.returncode == 0 and "resumed from checkpoint 4" in resumed.stdout, resumed.stderr
+  assert resumed.returncode == 0, resumed.stderr
+  # From checkpoint 4, or a newer copy of the local tier (the copy of step 5 may be whole or not yet).
+  assert re.search(r"resumed from checkpoint 4|restored step [45] from the local tier", resumed.stdout)
 
   a, b, c = _rows(one), _rows(two), _rows(killed)
   assert sorted(a) == sorted(b) == sorted(c) == list(range(1, 9))

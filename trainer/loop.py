@@ -67,7 +67,9 @@ class Loop:
           stop, metrics, copied, t1 = self._train_step(phase)
           log_now = self.step % self.config.log_every == 0 or self.step == self.last_step or stop
           save_now = self.step % self.config.checkpoint.every == 0 or self.step == self.last_step or stop
+          # The last step is saved to the persistent tier, always: a copy of it would only stand in for it.
           copy_now = self.run.local is not None and self.run.local.due(self.step)
+          copy_now = copy_now and self.step != self.last_step
           # Never log past, or save, a non-finite state.
           bad = self.window.first_nonfinite_step() if log_now or save_now or copy_now else None
           if bad is None:
@@ -169,6 +171,8 @@ class Loop:
       console(f"step {step}/{config.steps}  {eval_line(self.eval_row)}")
     if log_now:
       self._new_window()
+    if copy_now:  # The step's rows are written: its copy may become whole.
+      run.local.release()
     if self.profile.ends_after(step):
       with self.clock.phase("profiling", step):
         row = self.profile.stop(self.state)

@@ -108,7 +108,7 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     if first >= run.last_step:
       if (done := _already_done(run, first, summary_path)) is not None:
         return done
-    elif first:
+    elif first and not start.from_local_tier:
       console(f"resumed from checkpoint {first}")
     console(f"params: {state_lib.param_count(start.state.params):,}; steps {first} -> {config.steps}")
 

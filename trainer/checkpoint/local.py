@@ -7,7 +7,9 @@ config, before the next step can donate them; a thread then writes the copy to `
 (host-local, by default a folder under /dev/shm) and sends the same bytes to its partner, a process
 on another host where there is one, over the peer service (trainer/cluster/peers.py), which keeps it
 in its own local_dir. Both sides keep their newest three (KEEP). The next copy waits for the previous one's
-write: the loop never runs more than one copy ahead of what is whole on disk.
+write: the loop never runs more than one copy ahead of what is whole on disk. A copy becomes whole only
+once the loop has released it, after the step's metrics row and evaluation are written: a resume truncates
+metrics.jsonl to the restored step, so a copy whole before its row would leave a hole in the history.
 
 A copy is a folder STEP holding `shards.pkl` and `manifest.json` (the bytes' sha256, the step, the
 process, the process count, the layout), written as STEP.tmp and renamed when whole: a kill mid-write
@@ -139,6 +141,7 @@ class LocalTier:
     self.root = os.path.join(local_dir, f"process_{self.me}")
     self.own = os.path.join(self.root, "own")
     self._thread: threading.Thread | None = None
+    self._released, self._kept = threading.Event(), False
     self._error: BaseException | None = None
     self.last_write_s = 0.0
     os.makedirs(self.own, exist_ok=True)
@@ -162,14 +165,23 @@ class LocalTier:
     shards = host_copy(state)
     record = {"step": step, "position": position, "config": self.config_json, "shards": shards}
     manifest = {"step": step, "process": self.me, "processes": self.processes, "checked": checked}
+    self._released, self._kept = threading.Event(), False
     self._thread = threading.Thread(target=self._write, args=(record, manifest), daemon=True)
     self._thread.start()
+
+  def release(self) -> None:
+    """The step's rows are written: its copy may become whole (written and sent)."""
+    self._kept = True
+    self._released.set()
 
   def _write(self, record: dict, manifest: dict) -> None:
     started = time.time()
     try:
       blob = pickle.dumps(record, protocol=5)
       manifest = {**manifest, "fingerprint": self.fingerprint, "sha256": hashlib.sha256(blob).hexdigest()}
+      self._released.wait()
+      if not self._kept:  # The loop failed before the step's rows: the copy is dropped.
+        return
       write_copy(self.own, record["step"], blob, manifest)
       if self.partner is not None:
         header = json.dumps(manifest).encode()
@@ -183,6 +195,7 @@ class LocalTier:
     """The copy in flight written (and sent); its error, if any, raised here: a full local disk or an
     unreachable partner ends the run like any failing save."""
     if self._thread is not None:
+      self._released.set()  # Never released (an error after the copy): dropped, not written.
       self._thread.join()
       self._thread = None
     if self._error is not None and raise_error:

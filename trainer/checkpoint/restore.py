@@ -16,6 +16,7 @@ class Start(NamedTuple):
   rollbacks: int  # NaN rollbacks so far, restarts included.
   # Restored under another layout than it was saved with (store.layout; asked with checks.first_step).
   layout_changed: bool = False
+  from_local_tier: bool = False  # Said by the local tier's own line, not as "resumed from checkpoint".
 
 
 def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resuming: bool, local=None) -> Start:
@@ -27,7 +28,8 @@ def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resumin
     timeout_s = config.watchdog.restore_timeout_s
     if found := local_lib.restore_newest(local, target, ckpt.manager.latest_step(), timeout_s):
       state, position, saved, step = found  # Written under this very layout: nothing to re-check.
-      return _resumed(state, position, step, saved, comp, config, changed=False)
+      start = _resumed(state, position, step, saved, comp, config, changed=False)
+      return start._replace(from_local_tier=True)
   restored = ckpt.restore_latest(target, check_memory=resuming)
   if restored is None:
     return Start(init(), 0, 0)
