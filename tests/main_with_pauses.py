@@ -15,7 +15,7 @@ wait for it. WHERE is one of:
 - restore: before the newest checkpoint is read.
 - eval: before every evaluation (in the main thread, which a signal handler interrupts and resumes).
 - local: the rename that makes this process's own local-tier copy of step N whole (in the tier's writer
-  thread: a kill there leaves the copy torn; trainer/checkpoint/local.py).
+  thread: a kill there leaves the copy torn; trainer/checkpoint/local_copies.py).
 - read: the loop's wait for global batch N (a blocking read that releases the GIL, as a stuck
   filesystem would; the watchdog thread keeps running).
 An item `gone/pI` makes process I exit with code 1 at start-up once the file named by $GONE_MARKER
@@ -33,7 +33,7 @@ sys.path.insert(0, REPO)
 
 from data import pipeline  # noqa: E402
 from trainer import components, evaluate, loop  # noqa: E402
-from trainer.checkpoint import local, store  # noqa: E402
+from trainer.checkpoint import local_copies, store  # noqa: E402
 
 PAUSES, GONE = {}, set()
 _arg = sys.argv.pop(next(i for i, a in enumerate(sys.argv) if i and not a.startswith("--")))
@@ -99,7 +99,7 @@ _wrap(loop, "evaluate", lambda *a: pause("eval"))  # The loop's evaluations.
 _wrap(evaluate, "evaluate", lambda *a: pause("eval"))  # --mode=eval's.
 _wrap(store.Checkpoints, "restore_latest", lambda *a: pause("restore"))
 _own_copy = lambda tmp, final: "/own/" in tmp and pause("local", int(os.path.basename(final)))  # noqa: E731
-_wrap(local, "_commit", _own_copy)  # Its own copies only: not the ones it holds for a partner.
+_wrap(local_copies, "_commit", _own_copy)  # Its own copies only: not the ones it holds for a partner.
 _next = pipeline.DevicePrefetch.__next__
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from errors import UserError
 from tests.conftest import TINY_FLAGS, run_main, tiny_config
+from trainer.checkpoint import local
 from trainer.modes.inspect import report
 from trainer.observe.collectives import trip_multipliers
 
@@ -35,6 +36,9 @@ def test_data_parallel_replicates_params_and_all_reduces_gradients_over_data():
   traffic = out["traffic"]
   assert traffic["zero_minimum_bytes_per_device"] == 2 * out["totals"]["param_bytes"] * 7 / 8
   assert 1.0 <= traffic["ratio"] < 1.05, traffic
+  # The local tier copies a process's distinct shards once, however many of its devices replicate them.
+  t = out["totals"]
+  assert local.memory_line(t["param_bytes"] + t["opt_state_bytes"]) in out["local_tier"], out["local_tier"]
 
 
 def test_collectives_inside_scanned_layers_count_once_per_trip():
@@ -96,6 +100,7 @@ def test_inspect_cli_writes_inspect_json(tmp_path):
   assert result.returncode == 0, result.stderr
   assert "logical CPU devices" in result.stdout and "all-gather" in result.stdout
   assert "fits: 0% of 80 GB (NVIDIA H100 SXM)" in result.stdout and "fsdp_tp minimum" in result.stdout
+  assert "local and peer tiers: up to " in result.stdout
   with open(tmp_path / "inspect.json") as f:
     out = json.load(f)
   assert set(out) >= {"devices", "mesh", "params", "totals", "compiled"}

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, TINY_FLAGS, run_main, train_losses
-from trainer.checkpoint import local
+from trainer.checkpoint import local, local_copies
 
 pytestmark = pytest.mark.slow
 
@@ -208,12 +208,12 @@ def test_the_partner_lives_on_another_host_where_there_is_one():
 def test_a_torn_or_garbled_copy_is_never_whole(tmp_path):
   blob = b"shards"
   manifest = {"step": 3, "sha256": __import__("hashlib").sha256(blob).hexdigest(), "fingerprint": "f"}
-  local.write_copy(str(tmp_path), 3, blob, manifest)
-  local.write_copy(str(tmp_path), 4, blob, {**manifest, "step": 4})
+  local_copies.write_copy(str(tmp_path), 3, blob, manifest)
+  local_copies.write_copy(str(tmp_path), 4, blob, {**manifest, "step": 4})
   (tmp_path / "5.tmp").mkdir()  # A kill before the rename.
-  assert local.whole_copies(str(tmp_path)) == {3: "f", 4: "f"}
+  assert local_copies.whole_copies(str(tmp_path)) == {3: "f", 4: "f"}
   (tmp_path / "4" / "shards.pkl").write_bytes(b"shardz")  # Damaged after the fact.
-  assert local.whole_copies(str(tmp_path)) == {3: "f"}
+  assert local_copies.whole_copies(str(tmp_path)) == {3: "f"}
   for step in (5, 6, 7):
-    local.write_copy(str(tmp_path), step, blob, {**manifest, "step": step})
+    local_copies.write_copy(str(tmp_path), step, blob, {**manifest, "step": step})
   assert sorted(os.listdir(tmp_path)) == ["5", "6", "7"]  # The newest KEEP; torn leftovers removed.

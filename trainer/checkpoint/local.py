@@ -11,10 +11,7 @@ write: the loop never runs more than one copy ahead of what is whole on disk. A 
 once the loop has released it, after the step's metrics row and evaluation are written: a resume truncates
 metrics.jsonl to the restored step, so a copy whole before its row would leave a hole in the history.
 
-A copy is a folder STEP holding `shards.pkl` and `manifest.json` (the bytes' sha256, the step, the
-process, the process count, the layout), written as STEP.tmp and renamed when whole: a kill mid-write
-leaves a .tmp that is never read and is removed; a copy whose bytes do not match their checksum is
-skipped (it is merely incomplete or damaged host memory: nothing to set aside).
+A copy on disk, whole or torn: trainer/checkpoint/local_copies.py.
 
 Restore (trainer/checkpoint/restore.py asks before the persistent tier): every process says which
 copies it holds whole, its own and its partners'; the newest step that every process can get whole,
@@ -36,13 +33,13 @@ import jax
 import numpy as np
 
 from errors import UserError
+from trainer.checkpoint import device_memory
+from trainer.checkpoint import local_copies as copies
+from trainer.checkpoint.local_copies import KEEP
 from trainer.cluster import multihost, peers
 from trainer.observe.metrics import console
 from trainer.state import path_keys
 
-# Three, not two: a process whose write lags (its copy of step k torn by a kill) has k-1 whole while a
-# partner one step ahead has written k and k+1; with two each, no step would be whole for both.
-KEEP = 3
 PUT, GET = 2, 3  # Peer-service message types (peers.PROBE is 1).
 _PEER_TIMEOUT_S = 120.0
 
@@ -90,48 +87,6 @@ def to_state(saved: dict, target):
   return jax.tree_util.tree_map_with_path(build, target)
 
 
-def _commit(tmp: str, final: str) -> None:
-  """The rename that makes a copy whole (tests pause here to tear one)."""
-  shutil.rmtree(final, ignore_errors=True)
-  os.replace(tmp, final)
-
-
-def write_copy(folder: str, step: int, blob: bytes, manifest: dict) -> None:
-  tmp, final = os.path.join(folder, f"{step}.tmp"), os.path.join(folder, str(step))
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  with open(os.path.join(tmp, "shards.pkl"), "wb") as f:
-    f.write(blob)
-  with open(os.path.join(tmp, "manifest.json"), "w") as f:
-    json.dump(manifest, f)
-  _commit(tmp, final)
-  for name in os.listdir(folder):  # The newest KEEP, and no torn leftovers.
-    if name.endswith(".tmp") and name != f"{step}.tmp":
-      shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-  for old in sorted((int(n) for n in os.listdir(folder) if n.isdigit()), reverse=True)[KEEP:]:
-    shutil.rmtree(os.path.join(folder, str(old)), ignore_errors=True)
-
-
-def read_copy(folder: str, step: int) -> tuple[dict, bytes] | None:
-  """(manifest, bytes) of a whole copy, or None (missing, torn or not matching its checksum)."""
-  try:
-    with open(os.path.join(folder, str(step), "manifest.json")) as f:
-      manifest = json.load(f)
-    with open(os.path.join(folder, str(step), "shards.pkl"), "rb") as f:
-      blob = f.read()
-  except (OSError, ValueError):
-    return None
-  return (manifest, blob) if hashlib.sha256(blob).hexdigest() == manifest.get("sha256") else None
-
-
-def whole_copies(folder: str) -> dict[int, str]:
-  """{step: fingerprint} of the whole copies in `folder` (each read and checked once)."""
-  if not os.path.isdir(folder):
-    return {}
-  copies = {int(n): read_copy(folder, int(n)) for n in os.listdir(folder) if n.isdigit()}
-  return {step: copy[0].get("fingerprint") for step, copy in copies.items() if copy}
-
-
 class LocalTier:
   """This process's copies (local_dir/process_I/own) and those it holds for others (.../held/J)."""
 
@@ -148,7 +103,8 @@ class LocalTier:
     self.partner = None
     self._service = peers.service()
     if self._service is not None:
-      self._service.handlers.update({PUT: self._receive, GET: self._send})
+      self._service.streams[PUT] = self._receive
+      self._service.handlers[GET] = self._send
       hosts = multihost.gather("local_tier_hosts", {"host": socket.gethostname()}, timeout_s=600)
       self.partner = partner(self.me, [hosts[p]["host"] for p in range(self.processes)])
 
@@ -175,18 +131,22 @@ class LocalTier:
     self._released.set()
 
   def _write(self, record: dict, manifest: dict) -> None:
-    started = time.time()
+    """Pickles the copy straight to its file (hashed on the way), makes it whole once released, then
+    streams the file to the partner."""
+    started, step = time.time(), record["step"]
     try:
-      blob = pickle.dumps(record, protocol=5)
-      manifest = {**manifest, "fingerprint": self.fingerprint, "sha256": hashlib.sha256(blob).hexdigest()}
+      sha = copies.stage(self.own, step, lambda w: pickle.dump(record, w, protocol=5))
       self._released.wait()
       if not self._kept:  # The loop failed before the step's rows: the copy is dropped.
+        shutil.rmtree(os.path.join(self.own, f"{step}.tmp"), ignore_errors=True)
         return
-      write_copy(self.own, record["step"], blob, manifest)
+      manifest = {**manifest, "fingerprint": self.fingerprint, "sha256": sha}
+      copies.commit(self.own, step, manifest)
       if self.partner is not None:
         header = json.dumps(manifest).encode()
-        payload = len(header).to_bytes(8, "big") + header + blob
-        peers.request(self._addresses()[self.partner], PUT, payload, _PEER_TIMEOUT_S)
+        with open(os.path.join(self.own, str(step), copies.SHARDS), "rb") as f:
+          prefix = len(header).to_bytes(8, "big") + header
+          peers.request(self._addresses()[self.partner], PUT, prefix, _PEER_TIMEOUT_S, file=f)
     except BaseException as e:  # noqa: BLE001 - raised in the loop by wait().
       self._error = e
     self.last_write_s = time.time() - started
@@ -206,23 +166,27 @@ class LocalTier:
     return peers.addresses()
 
   # --- The peer service's side: copies of a partner's shards.
-  def _receive(self, payload: bytes) -> bytes:
-    n = int.from_bytes(payload[:8], "big")
-    manifest, blob = json.loads(payload[8 : 8 + n]), payload[8 + n :]
-    folder = self.held(int(manifest["process"]))
+  def _receive(self, sock, length: int) -> bytes:
+    """A partner's copy, streamed from the socket to its file: checked against its sha256, then whole."""
+    n = int.from_bytes(peers.read_exactly(sock, 8), "big")
+    manifest = json.loads(peers.read_exactly(sock, n))
+    folder, step = self.held(int(manifest["process"])), int(manifest["step"])
     os.makedirs(folder, exist_ok=True)
-    write_copy(folder, int(manifest["step"]), blob, manifest)
+    sha = copies.stage(folder, step, lambda w: peers.read_into(sock, length - 8 - n, w.write))
+    if sha != manifest["sha256"]:
+      raise ValueError(f"process {manifest['process']}'s copy of step {step} arrived damaged")
+    copies.commit(folder, step, manifest)
     return b"{}"
 
-  def _send(self, payload: bytes) -> bytes:
+  def _send(self, payload: bytes) -> list:
     asked = json.loads(payload)
-    copy = read_copy(self.held(int(asked["process"])), int(asked["step"]))
+    copy = copies.read_copy(self.held(int(asked["process"])), int(asked["step"]))
     if copy is None:
       raise ValueError(
         f"process {self.me} holds no whole copy of step {asked['step']} of process {asked['process']}"
       )
     header = json.dumps(copy[0]).encode()
-    return len(header).to_bytes(8, "big") + header + copy[1]
+    return [len(header).to_bytes(8, "big") + header, copy[1]]
 
   # --- Restoring.
   def holdings(self) -> dict:
@@ -230,14 +194,17 @@ class LocalTier:
     many copies were written under another (another layout or process count)."""
     held_root = os.path.join(self.root, "held")
     sources = sorted(filter(str.isdigit, os.listdir(held_root))) if os.path.isdir(held_root) else []
-    found = {"own": whole_copies(self.own), **{s: whole_copies(self.held(int(s))) for s in sources}}
-    mine = {k: sorted(st for st, f in copies.items() if f == self.fingerprint) for k, copies in found.items()}
-    others = sum(f != self.fingerprint for copies in found.values() for f in copies.values())
+    found = {
+      "own": copies.whole_copies(self.own),
+      **{s: copies.whole_copies(self.held(int(s))) for s in sources},
+    }
+    mine = {k: sorted(st for st, f in got.items() if f == self.fingerprint) for k, got in found.items()}
+    others = sum(f != self.fingerprint for got in found.values() for f in got.values())
     return {"own": mine.pop("own"), "held": mine, "other": others}
 
   def load(self, step: int, holders: dict[int, dict]):
     """(record, where) of this process's copy of `step`: its own, else fetched from a holder."""
-    copy = read_copy(self.own, step)
+    copy = copies.read_copy(self.own, step)
     where = "its own copy"
     if copy is None:
       holder = next(p for p, h in sorted(holders.items()) if step in h["held"].get(str(self.me), []))
@@ -248,7 +215,7 @@ class LocalTier:
         _PEER_TIMEOUT_S,
       )
       n = int.from_bytes(body[:8], "big")
-      manifest, blob = json.loads(body[8 : 8 + n]), body[8 + n :]
+      manifest, blob = json.loads(body[8 : 8 + n]), memoryview(body)[8 + n :]  # A view: no second copy.
       if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
         raise OSError(f"process {holder}'s copy of step {step} arrived damaged")
       copy, where = (manifest, blob), f"process {holder}'s copy"
@@ -256,14 +223,9 @@ class LocalTier:
 
   def discard_after(self, step: int) -> None:
     """Removes own and held copies newer than `step` (a rollback, or a failed integrity check)."""
-    folders = [self.own]
     held_root = os.path.join(self.root, "held")
-    if os.path.isdir(held_root):
-      folders += [os.path.join(held_root, n) for n in os.listdir(held_root)]
-    for folder in folders:
-      for name in os.listdir(folder):
-        if name.split(".")[0].isdigit() and int(name.split(".")[0]) > step:
-          shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+    held = [os.path.join(held_root, n) for n in os.listdir(held_root)] if os.path.isdir(held_root) else []
+    copies.discard_after([self.own, *held], step)
 
   def close(self, finished: bool) -> None:
     """Waits for the copy in flight; a finished run (its last step persistent) frees the memory."""
@@ -337,6 +299,18 @@ def memory_line(state_bytes: int) -> str:
   return (
     f"up to {2 * (KEEP + 1) * state_bytes / 2**20:.1f} MiB of host memory per process ({KEEP + 1} copies "
     f"of its {state_bytes / 2**20:.1f} MiB of shards and as many of its partner's)"
+  )
+
+
+def inspect_line(config, target) -> str:
+  """--mode=inspect's account of the tiers' host memory (`target`: the abstract state, with shardings)."""
+  if config.checkpoint.local_every == 0:
+    return "local and peer tiers: off (checkpoint.local_every=0)"
+  per_device = max(device_memory.bytes_per_device(target, addressable_only=False).values(), default=0)
+  return (
+    f"local and peer tiers: {memory_line(state_bytes(target))} for process {jax.process_index()}'s "
+    f"{len(jax.local_devices())} devices (the fullest device holds {per_device / 2**20:.1f} MiB of the state: "
+    f"a process copies its devices' distinct shards)"
   )
 
 

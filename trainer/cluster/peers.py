@@ -43,23 +43,52 @@ def encode(kind: int, payload: bytes) -> bytes:
   return _HEADER.pack(MAGIC, kind, len(payload)) + payload
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-  chunks, left = [], n
+def send_frame(sock: socket.socket, kind: int, parts: list, file=None) -> None:
+  """One frame of `parts` (bytes-like) and then `file`'s bytes, sent as they are: a copy of the
+  checkpoint tiers' shards is never concatenated in memory."""
+  size = sum(len(p) for p in parts) + (os.fstat(file.fileno()).st_size if file is not None else 0)
+  sock.sendall(_HEADER.pack(MAGIC, kind, size))
+  for part in parts:
+    sock.sendall(part)
+  if file is not None:
+    sock.sendfile(file)
+
+
+def read_into(sock: socket.socket, n: int, write) -> None:
+  """Passes the next `n` bytes to `write` a chunk at a time (a stream handler's payload)."""
+  buf = memoryview(bytearray(min(n, 1 << 20) or 1))
+  left = n
   while left:
-    chunk = sock.recv(min(left, 1 << 20))
-    if not chunk:
+    k = sock.recv_into(buf, min(left, len(buf)))
+    if not k:
       raise PeerError(f"connection closed with {left} of {n} bytes unread")
-    chunks.append(chunk)
-    left -= len(chunk)
-  return b"".join(chunks)
+    write(buf[:k])
+    left -= k
+
+
+def read_exactly(sock: socket.socket, n: int) -> bytearray:
+  out = bytearray(n)
+  view, at = memoryview(out), 0
+  while at < n:
+    k = sock.recv_into(view[at:], min(n - at, 1 << 20))
+    if not k:
+      raise PeerError(f"connection closed with {n - at} of {n} bytes unread")
+    at += k
+  return out
+
+
+def read_header(sock: socket.socket) -> tuple[int, int]:
+  """(message type, payload length) of the next frame; PeerError on a bad header."""
+  magic, kind, length = _HEADER.unpack(read_exactly(sock, _HEADER.size))
+  if magic != MAGIC or length > MAX_PAYLOAD:
+    raise PeerError(f"not a peer-service frame (magic {magic!r}, length {length})")
+  return kind, length
 
 
 def read_frame(sock: socket.socket) -> tuple[int, bytes]:
   """(message type, payload) of the next frame; PeerError on a bad header."""
-  magic, kind, length = _HEADER.unpack(_read_exactly(sock, _HEADER.size))
-  if magic != MAGIC or length > MAX_PAYLOAD:
-    raise PeerError(f"not a peer-service frame (magic {magic!r}, length {length})")
-  return kind, _read_exactly(sock, length)
+  kind, length = read_header(sock)
+  return kind, read_exactly(sock, length)
 
 
 def port_for(process: int, coordinator_port: int) -> int:
@@ -67,12 +96,13 @@ def port_for(process: int, coordinator_port: int) -> int:
   return int(os.environ.get(PORT_BASE_ENV) or coordinator_port + 1) + process
 
 
-def request(address: str, kind: int, payload: bytes, timeout_s: float) -> bytes:
-  """Sends one request to HOST:PORT and returns the reply's payload; PeerError (an OSError) otherwise."""
+def request(address: str, kind: int, payload: bytes, timeout_s: float, file=None) -> bytearray:
+  """Sends one request (`payload`, then `file`'s bytes) to HOST:PORT and returns the reply's payload;
+  PeerError (an OSError) otherwise."""
   host, port = address.rsplit(":", 1)
   try:
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-      sock.sendall(encode(kind, payload))
+      send_frame(sock, kind, [payload], file)
       got, body = read_frame(sock)
   except (OSError, struct.error) as e:
     raise PeerError(f"{address}: {e}") from None
@@ -93,7 +123,9 @@ class PeerService:
 
   def __init__(self, me: int, host: str, port: int):
     self.me = me
+    # type -> handler(payload) -> reply: bytes, or a list of bytes-like parts sent one after another.
     self.handlers = {PROBE: self._answer_probe}
+    self.streams = {}  # type -> handler(socket, payload length) -> reply, for payloads too large to hold.
     self.heard: dict[int, float] = {}  # peer -> when its last probe reached us (the link works).
     service = self
 
@@ -101,13 +133,15 @@ class PeerService:
       def handle(self):
         self.request.settimeout(30)
         try:
-          kind, payload = read_frame(self.request)
-          handler = service.handlers.get(kind)
-          if handler is None:
-            reply = encode(ERROR, f"unknown message type {kind}".encode())
+          kind, length = read_header(self.request)
+          if kind in service.streams:  # Reads its own payload from the socket.
+            reply = service.streams[kind](self.request, length)
+          elif kind in service.handlers:
+            reply = service.handlers[kind](read_exactly(self.request, length))
           else:
-            reply = encode(kind | REPLY, handler(payload))
-          self.request.sendall(reply)
+            self.request.sendall(encode(ERROR, f"unknown message type {kind}".encode()))
+            return
+          send_frame(self.request, kind | REPLY, reply if isinstance(reply, list) else [reply])
         except (OSError, struct.error, ValueError, KeyError) as e:
           try:
             self.request.sendall(encode(ERROR, str(e).encode()))

@@ -1,0 +1,106 @@
+"""A local-tier copy on disk (trainer/checkpoint/local.py): a folder STEP holding `shards.pkl` and
+`manifest.json` (the bytes' sha256, the step, the process, the layout's fingerprint), written as
+STEP.tmp and renamed when whole. A kill mid-write leaves a .tmp that is never read and is removed by
+the next copy; a copy whose bytes do not match their checksum is not whole.
+
+The bytes are streamed to the file as they are made (pickled, or received from a partner) and hashed
+on the way: no second copy of the shards in memory.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+
+# Three, not two: a process whose write lags (its copy of step k torn by a kill) has k-1 whole while a
+# partner one step ahead has written k and k+1; with two each, no step would be whole for both.
+KEEP = 3
+SHARDS, MANIFEST = "shards.pkl", "manifest.json"
+
+
+class HashingWriter:
+  """A file's `write` that also hashes what it writes."""
+
+  def __init__(self, f):
+    self._f, self.sha256 = f, hashlib.sha256()
+
+  def write(self, data) -> int:
+    self.sha256.update(data)
+    return self._f.write(data)
+
+
+def stage(folder: str, step: int, fill: Callable[[HashingWriter], None]) -> str:
+  """Writes STEP.tmp/shards.pkl with `fill(writer)`; the sha256 of what it wrote."""
+  tmp = os.path.join(folder, f"{step}.tmp")
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  with open(os.path.join(tmp, SHARDS), "wb") as f:
+    writer = HashingWriter(f)
+    fill(writer)
+  return writer.sha256.hexdigest()
+
+
+def commit(folder: str, step: int, manifest: dict) -> None:
+  """STEP.tmp, staged, made whole as STEP with its manifest; the newest KEEP kept, torn leftovers removed."""
+  tmp, final = os.path.join(folder, f"{step}.tmp"), os.path.join(folder, str(step))
+  with open(os.path.join(tmp, MANIFEST), "w") as f:
+    json.dump(manifest, f)
+  _commit(tmp, final)
+  for name in os.listdir(folder):
+    if name.endswith(".tmp") and name != f"{step}.tmp":
+      shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+  for old in sorted((int(n) for n in os.listdir(folder) if n.isdigit()), reverse=True)[KEEP:]:
+    shutil.rmtree(os.path.join(folder, str(old)), ignore_errors=True)
+
+
+def _commit(tmp: str, final: str) -> None:
+  """The rename that makes a copy whole (tests pause here to tear one)."""
+  shutil.rmtree(final, ignore_errors=True)
+  os.replace(tmp, final)
+
+
+def write_copy(folder: str, step: int, blob: bytes, manifest: dict) -> None:
+  """A copy of bytes already in memory (tests)."""
+  stage(folder, step, lambda w: w.write(blob))
+  commit(folder, step, manifest)
+
+
+def read_copy(folder: str, step: int) -> tuple[dict, bytes] | None:
+  """(manifest, bytes) of a whole copy, or None (missing, torn or not matching its checksum)."""
+  try:
+    with open(os.path.join(folder, str(step), MANIFEST)) as f:
+      manifest = json.load(f)
+    with open(os.path.join(folder, str(step), SHARDS), "rb") as f:
+      blob = f.read()
+  except (OSError, ValueError):
+    return None
+  return (manifest, blob) if hashlib.sha256(blob).hexdigest() == manifest.get("sha256") else None
+
+
+def whole_manifest(folder: str, step: int) -> dict | None:
+  """The manifest of a whole copy (its bytes hashed as they are read, never held), or None."""
+  try:
+    with open(os.path.join(folder, str(step), MANIFEST)) as f:
+      manifest = json.load(f)
+    with open(os.path.join(folder, str(step), SHARDS), "rb") as f:
+      sha = hashlib.file_digest(f, "sha256").hexdigest()
+  except (OSError, ValueError):
+    return None
+  return manifest if sha == manifest.get("sha256") else None
+
+
+def whole_copies(folder: str) -> dict[int, str]:
+  """{step: fingerprint} of the whole copies in `folder`."""
+  if not os.path.isdir(folder):
+    return {}
+  manifests = {int(n): whole_manifest(folder, int(n)) for n in os.listdir(folder) if n.isdigit()}
+  return {step: m.get("fingerprint") for step, m in manifests.items() if m}
+
+
+def discard_after(folders: list[str], step: int) -> None:
+  """Removes the copies (whole or torn) newer than `step` from `folders`."""
+  for folder in folders:
+    for name in os.listdir(folder):
+      if name.split(".")[0].isdigit() and int(name.split(".")[0]) > step:
+        shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
