@@ -309,8 +309,8 @@ def inspect_line(config, target) -> str:
   per_device = max(device_memory.bytes_per_device(target, addressable_only=False).values(), default=0)
   return (
     f"local and peer tiers: {memory_line(state_bytes(target))} for process {jax.process_index()}'s "
-    f"{len(jax.local_devices())} devices (the fullest device holds {per_device / 2**20:.1f} MiB of the state: "
-    f"a process copies its devices' distinct shards)"
+    f"{len(jax.local_devices())} devices (the fullest device holds {per_device / 2**20:.1f} MiB of the "
+    f"state: a process copies its devices' distinct shards)"
   )
 
 
