@@ -1,6 +1,6 @@
 """The peer service: one small TCP listener per process that the job's other processes call directly,
 not through the coordination service on process 0. Its first message type is the probe
-(trainer/cluster/links.py); a peer checkpoint tier can add its own types to the same service.
+(trainer/cluster/links.py); the peer checkpoint tier adds its own types to the same service.
 
 Port scheme: process I listens on PEER_PORT_BASE + I, PEER_PORT_BASE from the environment, else the
 coordinator's port + 1 (launch/local.py, launch/slurm/train.sbatch and launch/k8s/render.py leave it at
@@ -11,8 +11,10 @@ the network does not filter ports. The address is that of the interface that rou
 
 Framing, the same for a request and its reply, one request per connection:
   4 bytes MAGIC, 1 byte message type, 8 bytes payload length (big-endian), then the payload.
-A reply's type is the request's | REPLY, or ERROR with a UTF-8 message as its payload. The service has
-no authentication, like JAX's coordination service: keep its ports within the job's network.
+A reply's type is the request's | REPLY, or ERROR with a UTF-8 message as its payload. Frames are sent
+part by part (a file by sendfile) and a stream handler reads its payload from the socket as it
+arrives: the checkpoint tiers' copies (trainer/checkpoint/local.py) are never joined in memory. The
+service has no authentication, like JAX's coordination service: keep its ports within the job's network.
 """
 
 import json
