@@ -15,6 +15,11 @@ import time
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="test_jax_cache_")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+# The local checkpoint tier's per-run folders (trainer/checkpoint/local.py) of runs that do not finish
+# stay where they are to be resumed from: here, not in the machine's /dev/shm, and removed at the end.
+if "LOCAL_TIER_BASE" not in os.environ:
+  os.environ["LOCAL_TIER_BASE"] = tempfile.mkdtemp(prefix="test_local_tier_")
+  atexit.register(shutil.rmtree, os.environ["LOCAL_TIER_BASE"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # Tests compile many tiny programs and run each for a few steps: XLA:CPU's compile time dominates, and

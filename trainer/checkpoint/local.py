@@ -45,8 +45,11 @@ _PEER_TIMEOUT_S = 120.0
 
 
 def default_dir(workdir: str) -> str:
-  """A per-run folder in host memory (/dev/shm) where there is one, else the system's temporary folder."""
-  base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+  """A per-run folder under $LOCAL_TIER_BASE, else in host memory (/dev/shm) where there is one, else in
+  the system's temporary folder."""
+  base = os.environ.get("LOCAL_TIER_BASE") or (
+    "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+  )
   run = hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:12]
   return os.path.join(base, f"jax-template-{run}")
 
