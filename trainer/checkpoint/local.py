@@ -281,7 +281,8 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
   if c.local_every == 0:
     return None
   local_dir = os.path.abspath(c.local_dir or default_dir(workdir))
-  short = shortfall(local_dir, state_bytes(target))
+  held = state_bytes(target)  # This process's distinct shards: what each copy holds.
+  short = shortfall(local_dir, held)
   timeout_s = config.watchdog.startup_timeout_s
   if not multihost.all_agree("local_tier_room", short is None, timeout_s):
     why = short or "another process's local_dir has no room"
@@ -293,7 +294,7 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
     return None
   key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
   tier = LocalTier(local_dir, max(c.local_every, 1), key, json.loads(config.to_json()))
-  console(f"local tier: {memory_line(state_bytes(target))}; {local_dir}")
+  console(f"local tier: {memory_line(held)}; {local_dir}")
   return tier
 
 
