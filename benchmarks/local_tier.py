@@ -5,7 +5,7 @@ model (benchmarks/checkpoint.py's LARGE, on fsdp 8). Prints seconds per step ove
 logging window (wall time between metrics rows: every blocking copy and save included), the ratio
 off / on (1.0: no cost; the goal is >= 0.97), and the host memory the tiers hold per process.
 
-  .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2]
+  .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m]
 
 Logical CPU devices share this machine's cores with the writer threads: the ratio, not the seconds,
 carries over, and a GPU host copies over PCIe instead.
@@ -55,12 +55,14 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=24)
   parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--models", default="smoke,107m", help="which of smoke, 107m to measure")
   args = parser.parse_args()
   print("2 processes x 4 logical CPU devices; seconds per step, copies every step against none")
   # The ~107M model fully sharded over the 8 devices: each process copies half of its 1.2 GiB state,
   # and the tiers' eight copies per process fit this machine's memory.
   large = {**LARGE, "mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1}
-  for name, model in (("smoke", {}), ("~107M", large)):
+  for name in args.models.split(","):
+    model = {"smoke": {}, "107m": large}[name]
     times = {0: [], 1: []}
     size = ""
     with tempfile.TemporaryDirectory() as tmp:

@@ -108,6 +108,16 @@ def test_nan_stops_with_an_error_naming_the_step_and_never_saves_it(tmp_path, na
   assert sorted(os.listdir(os.path.join(tmp_path, "checkpoints"))) == ["2", "4"]
 
 
+def test_a_local_copy_of_a_nonfinite_state_is_never_made(tmp_path, nan_on_batch):
+  """Copies every step check their steps' flags on their own thread (the loop checks at logging and
+  saving steps only): step 5's is dropped, and the run stops at step 6's save."""
+  local = tmp_path / "local"
+  cfg = _cfg(**{"log_every": 4, "checkpoint.local_every": 1, "checkpoint.local_dir": str(local)})
+  with pytest.raises(UserError, match=r"NaN/Inf at step 5 \(window 5\.\.6\)"):
+    train(cfg, str(tmp_path / "run"))
+  assert sorted(os.listdir(local / "process_0" / "own")) == ["2", "3", "4"]
+
+
 def test_nan_rollback_restores_the_last_good_checkpoint_and_skips_the_batches(tmp_path, nan_on_batch):
   summary = train(_cfg(**{"checkpoint.on_nonfinite": "rollback"}), str(tmp_path))
   assert summary["final_step"] == STEPS and summary["nonfinite_rollbacks"] == 1

@@ -70,8 +70,8 @@ class Loop:
           # The last step is saved to the persistent tier, always: a copy of it would only stand in for it.
           copy_now = self.run.local is not None and self.run.local.due(self.step)
           copy_now = copy_now and self.step != self.last_step
-          # Never log past, or save, a non-finite state.
-          bad = self.window.first_nonfinite_step() if log_now or save_now or copy_now else None
+          # Never log past, or save, a non-finite state (a copy checks on its own thread: no wait here).
+          bad = self.window.first_nonfinite_step() if log_now or save_now else None
           if bad is None:
             self._after_step(phase.batch, metrics, copied, t1, log_now, save_now, copy_now)
         if bad is not None:
@@ -155,10 +155,10 @@ class Loop:
           if run.local is not None:  # Back to the newest checked state: the persistent tier's.
             run.local.discard_after(run.ckpt.manager.latest_step() or 0)
           raise
-    if copy_now:  # The local and peer tiers: host copies now, written and sent in the background.
+    if copy_now:  # The local and peer tiers: copied on the devices now, the rest in the background.
       with self.clock.phase("checkpoint", step):
         position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
-        run.local.save(step, self.state, position, checked)
+        run.local.save(step, self.state, position, checked, self.window.unchecked_flags())
     if save_now:
       with self.clock.phase("checkpoint", step):
         position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)

@@ -1,9 +1,10 @@
 """The local and peer checkpoint tiers: a lost host costs at most the step in flight, not a persistent
 checkpoint interval.
 
-Every `checkpoint.local_every` steps each process copies its own shards of the whole train state
-(params, variables, EMA, optimizer state, RNG, step) to host memory with the data position and the
-config, before the next step can donate them; a thread then writes the copy to `checkpoint.local_dir`
+Every `checkpoint.local_every` steps the loop dispatches a copy of the whole train state (params,
+variables, EMA, optimizer state, RNG, step) on its devices, which the next step does not donate, and
+goes on; a thread waits for it, brings this process's shards to host memory with the data position and
+the config, frees the device copy, and writes the copy to `checkpoint.local_dir`
 (host-local, by default a folder under /dev/shm) and sends the same bytes to its partner, a process
 on another host where there is one, over the peer service (trainer/cluster/peers.py), which keeps it
 in its own local_dir. Both sides keep their newest three (KEEP). The next copy waits for the previous one's
@@ -30,15 +31,14 @@ import threading
 import time
 
 import jax
-import numpy as np
 
 from errors import UserError
 from trainer.checkpoint import device_memory
 from trainer.checkpoint import local_copies as copies
 from trainer.checkpoint.local_copies import KEEP
+from trainer.checkpoint.local_shards import device_copy, host_copy, state_bytes, to_state
 from trainer.cluster import multihost, peers
 from trainer.observe.metrics import console
-from trainer.state import path_keys
 
 PUT, GET = 2, 3  # Peer-service message types (peers.PROBE is 1).
 _PEER_TIMEOUT_S = 120.0
@@ -52,42 +52,6 @@ def default_dir(workdir: str) -> str:
   )
   run = hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:12]
   return os.path.join(base, f"jax-template-{run}")
-
-
-def _index_key(index, shape) -> tuple:
-  return tuple((s.start or 0, shape[i] if s.stop is None else s.stop) for i, s in enumerate(index))
-
-
-def host_copy(state) -> dict:
-  """{leaf path: {index: numpy array}}: this process's distinct shards, copied now (blocking)."""
-  leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-  for _, leaf in leaves:
-    for shard in leaf.addressable_shards:
-      shard.data.copy_to_host_async()
-  out = {}
-  for path, leaf in leaves:
-    shards = {}
-    for shard in leaf.addressable_shards:
-      key = _index_key(shard.index, leaf.shape)
-      if key not in shards:
-        shards[key] = np.asarray(shard.data)
-    out["/".join(path_keys(path))] = shards
-  return out
-
-
-def to_state(saved: dict, target):
-  """`target` (abstract, with shardings) filled from `saved` shards; KeyError if a shard is missing."""
-
-  def build(path, abstract):
-    shards = saved["/".join(path_keys(path))]
-    devices = abstract.sharding.addressable_devices_indices_map(abstract.shape)
-    arrays = [
-      jax.device_put(shards[_index_key(index, abstract.shape)].astype(abstract.dtype), device)
-      for device, index in devices.items()
-    ]
-    return jax.make_array_from_single_device_arrays(abstract.shape, abstract.sharding, arrays)
-
-  return jax.tree_util.tree_map_with_path(build, target)
 
 
 class LocalTier:
@@ -118,14 +82,18 @@ class LocalTier:
   def due(self, step: int) -> bool:
     return bool(self.every) and step % self.every == 0
 
-  def save(self, step: int, state, position: dict, checked: bool) -> None:
-    """Copies this process's shards now (blocking); writes and sends them on a thread."""
+  def save(self, step: int, state, position: dict, checked: bool, finite_flags: list) -> None:
+    """Copies the state on its devices (dispatched, not waited for: the loop keeps the next step queued
+    while this one runs); a thread then brings this process's shards to host memory once the step has
+    run, and writes and sends them. `finite_flags`: the (finite, count) scalars of the steps since the
+    loop last checked; a copy of a state after a non-finite step is dropped."""
     self.wait()
-    shards = host_copy(state)
-    record = {"step": step, "position": position, "config": self.config_json, "shards": shards}
+    on_devices = device_copy(state)  # Not donated by the next step, unlike `state`.
+    record = {"step": step, "position": position, "config": self.config_json}
     manifest = {"step": step, "process": self.me, "processes": self.processes, "checked": checked}
     self._released, self._kept = threading.Event(), False
-    self._thread = threading.Thread(target=self._write, args=(record, manifest), daemon=True)
+    args = ([on_devices], finite_flags, record, manifest)  # A box the thread empties: memory freed early.
+    self._thread = threading.Thread(target=self._write, args=args, daemon=True)
     self._thread.start()
 
   def release(self) -> None:
@@ -133,11 +101,14 @@ class LocalTier:
     self._kept = True
     self._released.set()
 
-  def _write(self, record: dict, manifest: dict) -> None:
-    """Pickles the copy straight to its file (hashed on the way), makes it whole once released, then
-    streams the file to the partner."""
+  def _write(self, on_devices: list, finite_flags: list, record: dict, manifest: dict) -> None:
+    """Brings the shards to host memory, pickles them straight to their file (hashed on the way), makes
+    the copy whole once released, then streams the file to the partner."""
     started, step = time.time(), record["step"]
     try:
+      if not all(bool(ok) for ok, _ in jax.device_get(finite_flags)):
+        return  # The loop rolls back when it checks these steps; their copies must not exist.
+      record["shards"] = host_copy(on_devices.pop())  # Its device memory freed once on the host.
       sha = copies.stage(self.own, step, lambda w: pickle.dump(record, w, protocol=5))
       self._released.wait()
       if not self._kept:  # The loop failed before the step's rows: the copy is dropped.
@@ -170,14 +141,14 @@ class LocalTier:
 
   # --- The peer service's side: copies of a partner's shards.
   def _receive(self, sock, length: int) -> bytes:
-    """A partner's copy, streamed from the socket to its file: checked against its sha256, then whole."""
+    """A partner's copy, streamed from the socket to its file, whole once every byte has arrived. Not
+    hashed here (CPU time that logical CPU devices take from the step): its sha256 is checked before it
+    is ever used, as every copy's is (holdings), so a copy damaged on the way is skipped, never trusted."""
     n = int.from_bytes(peers.read_exactly(sock, 8), "big")
     manifest = json.loads(peers.read_exactly(sock, n))
     folder, step = self.held(int(manifest["process"])), int(manifest["step"])
     os.makedirs(folder, exist_ok=True)
-    sha = copies.stage(folder, step, lambda w: peers.read_into(sock, length - 8 - n, w.write))
-    if sha != manifest["sha256"]:
-      raise ValueError(f"process {manifest['process']}'s copy of step {step} arrived damaged")
+    copies.stage(folder, step, lambda f: peers.read_into(sock, length - 8 - n, f.write), hashed=False)
     copies.commit(folder, step, manifest)
     return b"{}"
 
@@ -225,7 +196,9 @@ class LocalTier:
     return pickle.loads(copy[1]), where
 
   def discard_after(self, step: int) -> None:
-    """Removes own and held copies newer than `step` (a rollback, or a failed integrity check)."""
+    """Removes own and held copies newer than `step` (a rollback, or a failed integrity check), the copy
+    in flight finished or dropped first (its error, if any, kept for the next wait)."""
+    self.wait(raise_error=False)
     held_root = os.path.join(self.root, "held")
     held = [os.path.join(held_root, n) for n in os.listdir(held_root)] if os.path.isdir(held_root) else []
     copies.discard_after([self.own, *held], step)
@@ -326,19 +299,6 @@ def _bytes_under(folder: str) -> int:
         total += os.path.getsize(os.path.join(root, name))
       except OSError:
         pass
-  return total
-
-
-def state_bytes(target) -> int:
-  """Bytes of this process's distinct shards of `target` (abstract arrays with shardings)."""
-  total = 0
-  for leaf in jax.tree.leaves(target):
-    indices = {
-      _index_key(i, leaf.shape) for i in leaf.sharding.addressable_devices_indices_map(leaf.shape).values()
-    }
-    total += (
-      len(indices) * int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * np.dtype(leaf.dtype).itemsize
-    )
   return total
 
 

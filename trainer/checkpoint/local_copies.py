@@ -30,15 +30,15 @@ class HashingWriter:
     return self._f.write(data)
 
 
-def stage(folder: str, step: int, fill: Callable[[HashingWriter], None]) -> str:
-  """Writes STEP.tmp/shards.pkl with `fill(writer)`; the sha256 of what it wrote."""
+def stage(folder: str, step: int, fill: Callable, hashed: bool = True) -> str | None:
+  """Writes STEP.tmp/shards.pkl with `fill(writer)`; the sha256 of what it wrote where `hashed`."""
   tmp = os.path.join(folder, f"{step}.tmp")
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
   with open(os.path.join(tmp, SHARDS), "wb") as f:
-    writer = HashingWriter(f)
+    writer = HashingWriter(f) if hashed else f
     fill(writer)
-  return writer.sha256.hexdigest()
+  return writer.sha256.hexdigest() if hashed else None
 
 
 def commit(folder: str, step: int, manifest: dict) -> None:

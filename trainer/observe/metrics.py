@@ -172,11 +172,16 @@ class Window:
   def first_nonfinite_step(self) -> tuple[int, bool] | None:
     """(step, empty) for the first step in this window whose loss or gradient norm was NaN or Inf, or
     whose global count was 0 (empty: its batch had no valid element); fetches the flags."""
-    flags = jax.device_get([(finite, count) for _, finite, count in self._unchecked])
+    flags = jax.device_get(self.unchecked_flags())
     steps = [step for step, _, _ in self._unchecked]
     self._unchecked = []  # Checked; later calls look only at newer steps.
     bad = [(step, float(count) == 0) for step, (ok, count) in zip(steps, flags, strict=True) if not ok]
     return bad[0] if bad else None
+
+  def unchecked_flags(self) -> list:
+    """The (finite, count) device scalars of the steps first_nonfinite_step has not checked yet, left
+    unchecked: a local-tier copy checks them on its own thread instead of waiting here."""
+    return [(finite, count) for _, finite, count in self._unchecked]
 
   def fetch_counts(self) -> list[tuple[int, float]]:
     """(step, valid count) of every step so far in this window (waits for them to run)."""
