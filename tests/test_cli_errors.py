@@ -79,11 +79,12 @@ def test_missing_workdir_is_an_error():
   _assert_one_error_line(run_main(SMOKE), "--workdir")
 
 
-def test_single_device_runs_the_same_code_path_and_caches_its_compilations_in_the_workdir(tmp_path):
+def test_single_device_runs_the_same_code_path_and_caches_its_compilations_for_the_user(tmp_path):
   import json
   import os
 
-  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}  # The default applies.
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}  # The default applies,
+  env["XDG_CACHE_HOME"] = str(tmp_path / "user_cache")  # under this test's own folder.
   result = run_main(
     SMOKE,
     f"--workdir={tmp_path}",
@@ -97,7 +98,9 @@ def test_single_device_runs_the_same_code_path_and_caches_its_compilations_in_th
   )
   assert result.returncode == 0, result.stderr
   assert "1 x cpu" in result.stdout and "step 3/3" in result.stdout
-  assert os.listdir(tmp_path / "compilation_cache")  # A restart loads the compiled step from here.
+  # Every later run of these programs, in any workdir, loads them from here (bounded, hence locked).
+  cached = os.listdir(tmp_path / "user_cache" / "jax-template" / "compilation")
+  assert ".lockfile" in cached and len(cached) > 2 and not os.path.exists(tmp_path / "compilation_cache")
   with open(tmp_path / "summary.json") as f:
     startup = json.load(f)["startup_s"]
   # checks.first_step is on by default: on one device it says it cannot run, and costs nothing more.

@@ -232,6 +232,7 @@ def test_command_runs_main_with_config_workdir_and_the_extra_flags():
     "--workdir=/runs/lm_125m",
     "--config.steps=1000",
     "--config.mesh.fsdp=8",
+    "--config.compilation_cache=/runs/.compilation_cache",  # On the claim: it outlives every pod.
     "--config.checkpoint.local_dir=/local-tier",  # The node's folder: it outlives a JobSet restart.
   ]
   assert container["workingDir"] == "/app"

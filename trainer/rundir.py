@@ -59,6 +59,12 @@ def compilation_cache(workdir: str) -> str:
   return os.path.join(workdir, "compilation_cache")
 
 
+def user_compilation_cache() -> str:
+  """The compilation cache every run of this user on this host shares: $XDG_CACHE_HOME, else ~/.cache."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "jax-template", "compilation")
+
+
 def mode_output(workdir: str, mode: str) -> str:
   """inspect.json, verify.json, eval.json: what --mode=inspect, verify and eval write."""
   return os.path.join(workdir, f"{mode}.json")

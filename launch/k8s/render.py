@@ -12,12 +12,13 @@ is pod `<name>-worker-0-0`, reachable as `<name>-worker-0-0.<name>:PORT` through
 `<name>` (the JobSet's network subdomain); process I's peer service (the link probes between every pair
 of processes, trainer/cluster/peers.py) listens on PORT + 1 + I, and the NetworkPolicy admits those
 ports and the coordinator's from the job's own pods only. The workdir is a PersistentVolumeClaim mounted
-in every pod. Any failed pod fails the Job (backoffLimit 0; a lone restarted process cannot rejoin a
-running jax.distributed job) and the JobSet then recreates every pod, up to `max_restarts` times; the
-new processes resume from the last checkpoint in the workdir. A process whose exit a restart would
-repeat (trainer/cluster/exit_codes.py: a user error, a device that computed wrong, out of memory, a
-miscompiled step) fails the JobSet at once instead. A preempted run saves and exits PREEMPTED_EXIT_CODE
-(set in the pod's env), so it is restarted rather than marked complete.
+in every pod, and holds the compilation cache every run on it shares (MOUNT/.compilation_cache: a
+pod's home dies with the pod). Any failed pod fails the Job (backoffLimit 0; a lone restarted process
+cannot rejoin a running jax.distributed job) and the JobSet then recreates every pod, up to
+`max_restarts` times; the new processes resume from the last checkpoint in the workdir. A process
+whose exit a restart would repeat (trainer/cluster/exit_codes.py: a user error, a device that computed
+wrong, out of memory, a miscompiled step) fails the JobSet at once instead. A preempted run saves and
+exits PREEMPTED_EXIT_CODE (set in the pod's env), so it is restarted rather than marked complete.
 
 Pathways (`--pathways`, TPUs on GKE): one `pathways-head` pod running main.py as the single controller,
 and `replicas` TPU slices of `worker` pods; launch/k8s/pathways_jobset.py builds it and says more.
@@ -32,6 +33,7 @@ need a recent release; v0.8 or later has both), Kubernetes >= 1.26 for the Job's
 import argparse
 import json
 import os
+import posixpath
 import sys
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
@@ -78,6 +80,8 @@ from launch.k8s.pathways_jobset import (  # noqa: E402, F401
   TPUS,
   _pathways_objects,
 )
+
+COMPILATION_CACHE = ".compilation_cache"  # Under the claim's mount: main.py's compilation_cache.
 
 
 def render(
@@ -166,6 +170,9 @@ def render(
         f"port={port}: must be in [1, {65535 - replicas}]: the {replicas} processes' peer services listen "
         "on the ports right above it (trainer/cluster/peers.py)"
       )
+    cache_given = any(a.startswith("--config.compilation_cache=") for a in command_args)
+    if pvc and not cache_given:  # A pod's home dies with the pod: the claim keeps the programs for all runs.
+      main_args.append(f"--config.compilation_cache={posixpath.join(mount_path, COMPILATION_CACHE)}")
     local_dir_given = any(a.startswith("--config.checkpoint.local_dir=") for a in command_args)
     if local_tier_host_path and not local_dir_given:
       main_args.append(f"--config.checkpoint.local_dir={LOCAL_TIER_MOUNT}")

@@ -232,14 +232,26 @@ def join_job(
     _initialize(None, None, None, init_timeout_s, heartbeat_timeout_s, shutdown_timeout_s)
 
 
+# The cache is bounded: least recently used programs go first. Bounding it also makes JAX lock the
+# folder for every read and write (filelock), so concurrent runs never read an entry half written.
+COMPILATION_CACHE_MAX_BYTES = 8 << 30
+
+
 def use_compilation_cache(setting: str, workdir: str) -> str | None:
   """Turns on JAX's persistent compilation cache (the `compilation_cache` key in
   trainer/config/trainer_keys.py); returns its directory, or None when off. Before the first compile:
-  JAX reads the setting once per process."""
+  JAX reads the setting once per process. Every program is cached, however fast it compiled (JAX's
+  default keeps only those over a second): initialization and evaluation load too."""
+  if setting == "off" and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return None
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_MAX_BYTES)
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return os.environ["JAX_COMPILATION_CACHE_DIR"]  # JAX has read it already; the environment wins.
-  if setting == "off":
-    return None
-  directory = os.path.abspath(setting or rundir.compilation_cache(workdir))
+  if setting == "workdir":
+    directory = rundir.compilation_cache(workdir)
+  else:
+    directory = setting or rundir.user_compilation_cache()
+  directory = os.path.abspath(directory)
   jax.config.update("jax_compilation_cache_dir", directory)
   return directory

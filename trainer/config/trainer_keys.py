@@ -63,8 +63,11 @@ KEYS = {
     "",
     text,
     keys.FREE,
-    "Persistent compilation cache: a restart (or a rerun) loads the compiled step instead of compiling it"
-    " again. '' : WORKDIR/compilation_cache; 'off': none; else a directory, e.g. one shared by runs. "
+    "Persistent compilation cache: a restart, a rerun or a new run of a program compiled before loads it"
+    " instead of compiling it again. '': one cache shared by this user's runs on this host "
+    "($XDG_CACHE_HOME or ~/.cache, then jax-template/compilation; JAX's keys hold the program, the jax "
+    "version, the devices and XLA flags, so anything else misses); 'workdir': WORKDIR/compilation_cache; "
+    "'off': none; else a directory. At most 8 GiB, least recently used first out. "
     "JAX_COMPILATION_CACHE_DIR in the environment, if set, wins. A changed `steps` (the schedule) misses.",
   ),
   "mesh.data": Key(
