@@ -1,4 +1,4 @@
-"""What checks.first_step costs (trainer/cluster/first_step.py), from the ahead-of-time estimate alone:
+"""What checks.first_step costs (trainer/checks/first_step.py), from the ahead-of-time estimate alone:
 nothing is allocated or run. For a config on N logical CPU devices (default: lm_1b on 64), compiles
 the train step, the same step with the check's outputs (gradients and updates) under the configured
 layout, and under each other layout the check may choose, and prints per device the memory XLA plans
@@ -44,7 +44,7 @@ def main():
   from errors import UserError
   from trainer import components
   from trainer import state as state_lib
-  from trainer.cluster import first_step
+  from trainer.checks import first_step
   from trainer.modes.inspect import compile_train_step
   from trainer.step import make_train_step
 

@@ -8,7 +8,7 @@ the packages); `--allow_cpu` runs the same code on CPU at toy sizes (tests/test_
   checkpoint    Orbax save and restore of the train state: GB/s each way, restored bitwise
   lm_125m       configs/lm_125m.py on one GPU (synthetic data): tokens/s and MFU
   recompute     lm_125m's real train step twice from the same state and batch: bitwise equal, as the
-                recompute check (trainer/cluster/recompute.py) and invariant 5 need, under the
+                recompute check (trainer/checks/recompute.py) and invariant 5 need, under the
                 trainer's deterministic kernels; a child with XLA's defaults gives their cost in tokens/s
   flash         model/flash.py's blockwise attention (what a context axis's ring and all-gather run on
                 GPUs too: cuDNN's fused attention returns no log-sum-exp to combine chunks by) against
@@ -179,7 +179,7 @@ def _step_twice(gpu: bool) -> tuple[int, int, str]:
 
   from data import pipeline
   from trainer import components
-  from trainer.cluster import replicas
+  from trainer.checks import replicas
   from trainer.step import make_train_step
 
   config = _lm_125m(gpu)

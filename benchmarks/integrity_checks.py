@@ -1,4 +1,4 @@
-"""What the device-integrity checks cost (trainer/cluster/integrity.py): per check, and per step at the
+"""What the device-integrity checks cost (trainer/checks/integrity.py): per check, and per step at the
 recipes' interval (checks.*_every = 500). Under pure FSDP over 8 logical CPU devices, for the smoke
 model and a ~100M-parameter model, the median of a few of each:
   step        one train step
@@ -59,7 +59,7 @@ def _measure(name: str, overrides: dict, repeats: int) -> str:
   from data import pipeline
   from trainer import components
   from trainer import state as state_lib
-  from trainer.cluster import recompute, replicas
+  from trainer.checks import recompute, replicas
   from trainer.step import make_train_step
 
   config = smoke_config({**overrides, "mesh.data": 1, "mesh.fsdp": -1, "mesh.tensor": 1})

@@ -1,4 +1,5 @@
-"""trainer/'s layout holds: imports go one way (no cycle between its modules; config/ needs nothing else
+"""trainer/'s layout holds: imports go one way (no cycle between its modules, nor between its folders;
+config/ needs nothing else
 of the trainer and no JAX; only trainer/run.py, and trainer/export.py, reach up to the modes and the
 run), checked on the source with `ast`, without importing anything."""
 
@@ -37,24 +38,28 @@ def _graph() -> dict[str, set[str]]:
   return {_module(p): _imports(p, modules) for p in paths}
 
 
-def test_the_trainer_modules_import_each_other_without_a_cycle():
-  graph = _graph()
-  edges = {
-    m: {i for i in imports if i in graph and i != m and i != "trainer"} for m, imports in graph.items()
-  }
+def _assert_acyclic(edges: dict[str, set[str]], what: str) -> None:
   state: dict[str, int] = {}
 
   def visit(m, path):
     if state.get(m) == 1:
-      raise AssertionError("import cycle: " + " -> ".join([*path[path.index(m) :], m]))
+      raise AssertionError(f"{what} cycle: " + " -> ".join([*path[path.index(m) :], m]))
     if state.get(m) != 2:
       state[m] = 1
-      for n in sorted(edges[m]):
+      for n in sorted(edges.get(m, ())):
         visit(n, [*path, m])
       state[m] = 2
 
   for m in sorted(edges):
     visit(m, [])
+
+
+def test_the_trainer_modules_import_each_other_without_a_cycle():
+  graph = _graph()
+  edges = {
+    m: {i for i in imports if i in graph and i != m and i != "trainer"} for m, imports in graph.items()
+  }
+  _assert_acyclic(edges, "import")
 
 
 def test_config_needs_no_jax_and_nothing_else_of_the_trainer():
@@ -73,3 +78,22 @@ def test_nothing_below_the_entry_points_imports_them_or_the_modes():
       continue
     up = [i for i in imports if i in TOP or i.startswith("trainer.modes")]
     assert not up or m in ENTRY_POINTS, (m, up)
+
+
+def _folder(module: str) -> str | None:
+  """trainer.cluster.watchdog -> trainer.cluster; None for a module directly under trainer/."""
+  parts = module.split(".")
+  return ".".join(parts[:2]) if len(parts) > 2 and parts[0] == "trainer" else None
+
+
+def test_the_trainer_folders_import_each_other_one_way():
+  """Subpackage by subpackage too: observe/ uses cluster/ (gathering a profile), so cluster/ must not
+  use observe/ back (the clock hands the watchdog its phase order instead)."""
+  graph = _graph()
+  edges: dict[str, set[str]] = {}
+  for m, imports in graph.items():
+    for i in imports:
+      here, there = _folder(m), _folder(i)
+      if i in graph and here and there and here != there:
+        edges.setdefault(here, set()).add(there)
+  _assert_acyclic(edges, "folder")

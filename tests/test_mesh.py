@@ -8,7 +8,7 @@ from tests.conftest import tiny_config
 from trainer import mesh as mesh_lib
 from trainer import sharding
 from trainer.checkpoint import store
-from trainer.cluster import first_step
+from trainer.checks import first_step
 from trainer.config import assemble
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import tiny_config
 from trainer import train as train_lib
-from trainer.cluster import replicas
+from trainer.checks import replicas
 
 
 def _corrupting(after_calls: int, device):
@@ -131,7 +131,7 @@ def test_under_pure_fsdp_a_device_computing_wrong_is_named_before_the_next_save(
 
 
 def test_a_difference_in_every_shard_is_reported_without_naming_a_device():
-  from trainer.cluster import recompute
+  from trainer.checks import recompute
 
   devices = jax.devices()
   witnesses = [(f"params/w{i}", {devices[i], devices[(i + 1) % 8]}) for i in range(8)]

@@ -8,9 +8,11 @@ import pytest
 
 from tests.conftest import REPO, TINY_FLAGS, tiny_config
 from trainer.cluster import watchdog
+from trainer.observe.clock import PHASES
 from trainer.train import train
 
 NOW = 1000.0
+ORDER = {name: i for i, name in enumerate(PHASES)}  # What the clock hands the watchdog.
 
 
 def _report(phase, step, since_ago, reported_ago=0.5):
@@ -20,16 +22,16 @@ def _report(phase, step, since_ago, reported_ago=0.5):
 def test_a_peer_whose_main_thread_is_stuck_is_named_though_its_thread_reports():
   mine = _report("step", 7, 20)  # Blocked in a collective, waiting for process 2.
   reports = {1: _report("step", 7, 20), 2: _report("data", 7, 21)}  # 2 waits for a read; thread alive.
-  lines = watchdog.peer_lines(reports, 0, mine, NOW)
+  lines = watchdog.peer_lines(reports, 0, mine, NOW, ORDER)
   assert "watchdog: process 2 in data at step 7 for 21 s (last report 0 s ago)" in lines
   assert lines[-1].startswith("watchdog: suspect process 2: furthest behind")
 
 
 def test_a_peer_that_stopped_reporting_is_named_and_equals_are_not_suspected():
   mine = _report("step", 7, 20)
-  lines = watchdog.peer_lines({1: _report("step", 7, 20), 2: _report("step", 5, 60, 30)}, 0, mine, NOW)
+  lines = watchdog.peer_lines({1: _report("step", 7, 20), 2: _report("step", 5, 60, 30)}, 0, mine, NOW, ORDER)
   assert lines[-1] == "watchdog: suspect process 2: it stopped reporting (stopped, wedged or dead)"
-  lines = watchdog.peer_lines({1: _report("step", 7, 20)}, 0, mine, NOW)
+  lines = watchdog.peer_lines({1: _report("step", 7, 20)}, 0, mine, NOW, ORDER)
   assert not any("suspect" in line for line in lines)  # Nobody is behind: no guess.
 
 

@@ -12,8 +12,8 @@ from jax.sharding import PartitionSpec as P
 from configs import smoke_cpu
 from tests import xla_repro_fork
 from tests.conftest import tiny_config
+from trainer.checks.first_step import Miscompiled, NonFiniteFirstStep
 from trainer.cluster import failures
-from trainer.cluster.first_step import Miscompiled, NonFiniteFirstStep
 from trainer.modes.verify import verify
 from trainer.train import train
 

@@ -112,7 +112,7 @@ class Loop:
       if run.comp.plan.valid_rows(t) == 0 or (jax.process_count() == 1 and not local["weights"].any()):
         raise empty_batch_error(t)
       t1 = time.time()
-      # The run's first step is checks.first_step's when it is on (trainer/cluster/first_step.py): another
+      # The run's first step is checks.first_step's when it is on (trainer/checks/first_step.py): another
       # program than the loop's, so the recompute check, which compares bits, does not take that step.
       step_fn, run.first_train_step = run.first_train_step or run.train_step, None
       copied = None

@@ -16,7 +16,8 @@ from trainer import state as state_lib
 from trainer import summary as summary_lib
 from trainer.checkpoint import local as local_tiers
 from trainer.checkpoint import restore, store, tree
-from trainer.cluster import first_step, integrity, interrupts, multihost, recovery, runtime
+from trainer.checks import first_step, integrity
+from trainer.cluster import interrupts, multihost, recovery, runtime
 from trainer.cluster.preemption import Preemption
 from trainer.cluster.watchdog import Watchdog
 from trainer.loop import Loop

@@ -108,7 +108,7 @@ def check_data_position(saved: dict, step: int, comp, allow_changed_data: bool) 
 
 def layout(comp, config) -> dict:
   """What decides how the train step is partitioned and compiled: checks.first_step runs again when a
-  restored checkpoint's differs (trainer/cluster/first_step.py)."""
+  restored checkpoint's differs (trainer/checks/first_step.py)."""
   import jaxlib
 
   return {

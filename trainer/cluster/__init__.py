@@ -1,1 +1,2 @@
-"""Running on many processes: runtime set-up, agreement, liveness, watchdog, signals, integrity checks."""
+"""Running on many processes: runtime set-up, agreement, liveness, watchdog, signals, failures and
+recovery (the integrity checks are trainer/checks/)."""

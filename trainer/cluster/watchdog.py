@@ -24,10 +24,8 @@ import jax
 
 from trainer import rundir
 from trainer.cluster import exit_codes, links, liveness
-from trainer.observe.clock import PHASES
 
 EXIT_CODE = exit_codes.TRANSIENT_EXIT  # Restarted: the next attempt may not get stuck.
-_PHASE_ORDER = {name: i for i, name in enumerate(PHASES)}  # At the same step, earlier is behind.
 _REPORT_EVERY_S = 1.0
 
 
@@ -38,6 +36,9 @@ class Watchdog:
     self._workdir = workdir
     self._lock = threading.Lock()
     self._window = None  # The last logging window's per-step figures (trainer/observe/straggler.py).
+    # {phase: rank}: at the same step, a lower rank is behind. Handed over by the clock that beats this
+    # watchdog (trainer/observe/clock.py); without one every phase ranks alike.
+    self.phase_order: dict[str, int] = {}
     self._set("startup", 0, w.startup_timeout_s)
     self._peers = liveness.Liveness(w.peer_timeout_s, w.startup_timeout_s)
     self._links = links.Links(self._peers.timeout_s)  # The same timeout: below JAX's heartbeat.
@@ -114,7 +115,7 @@ class Watchdog:
     ]
     if jax.process_count() > 1:
       mine = {"phase": phase, "step": step, "since": time.time() - waited, "time": time.time()}
-      lines += peer_lines(self._peers.reports(), me, mine, time.time())
+      lines += peer_lines(self._peers.reports(), me, mine, time.time(), self.phase_order)
     print("\n".join(lines), file=sys.stderr, flush=True)
     self._exit(lines[0])  # Again, last: the line people look for.
 
@@ -140,7 +141,9 @@ class Watchdog:
       return None
 
 
-def peer_lines(reports: dict[int, dict | None], me: int, mine: dict, now: float) -> list[str]:
+def peer_lines(
+  reports: dict[int, dict | None], me: int, mine: dict, now: float, phase_order: dict[str, int]
+) -> list[str]:
   """What every peer was doing, and the suspect: see the module docstring."""
   lines, silent = [], {}
   for peer, r in sorted(reports.items()):
@@ -158,7 +161,7 @@ def peer_lines(reports: dict[int, dict | None], me: int, mine: dict, now: float)
     suspect = max(silent, key=silent.get)
     return [*lines, f"watchdog: suspect process {suspect}: it stopped reporting (stopped, wedged or dead)"]
   everyone = {me: mine, **{p: r for p, r in reports.items() if r is not None}}
-  progress = {p: (r["step"], _PHASE_ORDER.get(r["phase"], 0)) for p, r in everyone.items()}
+  progress = {p: (r["step"], phase_order.get(r["phase"], 0)) for p, r in everyone.items()}
   behind = min(progress, key=progress.get)
   ahead = [p for p in everyone if progress[p] > progress[behind]]
   if len(ahead) == len(everyone) - 1 and ahead:  # One process behind all the others.

@@ -230,7 +230,7 @@ KEYS = {
     whole(0),
     keys.FREE,
     "Every N steps and before every checkpoint, compare checksums of every copy of each replicated array "
-    "of the train state (trainer/cluster/replicas.py); a device whose copy differs stops the run (exit 4)"
+    "of the train state (trainer/checks/replicas.py); a device whose copy differs stops the run (exit 4)"
     " before it saves. 0: never. About 6 ms per check for the smoke model on 8 logical CPU devices.",
   ),
   "checks.recompute_every": Key(
@@ -239,7 +239,7 @@ KEYS = {
     keys.FREE,
     "Every N steps and on every scheduled save, run the step a second time from a copy of its state and "
     "batch with each shard on another device of the same process, and compare bit for bit "
-    "(trainer/cluster/recompute.py): what catches a device computing wrong where nothing is replicated "
+    "(trainer/checks/recompute.py): what catches a device computing wrong where nothing is replicated "
     "(pure FSDP). Costs one more step and a copy of the state on the checked steps. 0: never.",
   ),
   "checks.first_step": Key(
@@ -250,7 +250,7 @@ KEYS = {
     "microbatches, jax, XLA_FLAGS), run the real train step once more from the same state and batch "
     "under another layout of the same devices that compiles to another program and fits, and stop with "
     "exit 6 if their gradients or updates disagree: XLA partitioned the step wrongly "
-    "(trainer/cluster/first_step.py). Costs two compiles, a copy of the state and one more step.",
+    "(trainer/checks/first_step.py). Costs two compiles, a copy of the state and one more step.",
   ),
   # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in
   # WORKDIR/profile/process_I (TensorBoard's profile plugin, or Perfetto), read back into each

@@ -32,7 +32,7 @@ from data import pipeline
 from trainer import components, rundir
 from trainer import mesh as mesh_lib
 from trainer import sharding as sharding_lib
-from trainer.agreement import TOLERANCES, compare
+from trainer.checks.compare import TOLERANCES, compare
 from trainer.cluster import multihost
 from trainer.modes import objective_checks
 from trainer.observe.metrics import console, device_label

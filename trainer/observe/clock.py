@@ -50,6 +50,7 @@ class Open:
 class Clock:
   def __init__(self, watchdog, ledger, watchdog_config):
     self.watchdog, self.ledger = watchdog, ledger
+    watchdog.phase_order = {name: i for i, name in enumerate(PHASES)}  # Who is behind, at the same step.
     self.window = None  # The metrics window the loop has open (trainer/observe/metrics.py), if any.
     self._budgets = {name: getattr(watchdog_config, p.budget) for name, p in PHASES.items()}
     self._open: list[Open] = []

@@ -1,7 +1,7 @@
 """Silent corruption where nothing is replicated: the step recomputed with its shards on other devices.
 
 Under pure FSDP each device holds its own shard of every leaf, so there is no copy to compare
-(trainer/cluster/replicas.py sees only replicated leaves). Every `checks.recompute_every` steps, and on every
+(trainer/checks/replicas.py sees only replicated leaves). Every `checks.recompute_every` steps, and on every
 step that saves a checkpoint on schedule, the step runs a second time from a copy of the same state
 and batch, on a mesh of the same shape whose devices are rotated within each process: every shard is
 computed by another device of the same host. Both runs are the same program on the same logical
@@ -25,7 +25,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
-from trainer.cluster import replicas
+from trainer.checks import replicas
 
 
 def rotated_mesh(mesh: Mesh) -> Mesh | None:

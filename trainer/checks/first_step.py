@@ -30,7 +30,7 @@ import numpy as np
 from errors import UserError
 from trainer import components
 from trainer import mesh as mesh_lib
-from trainer.agreement import TOLERANCES, group
+from trainer.checks.compare import TOLERANCES, group
 from trainer.cluster import failures, multihost
 from trainer.mesh import replicated
 from trainer.observe.metrics import console

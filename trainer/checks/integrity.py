@@ -1,14 +1,15 @@
 """The loop's checks that the devices computed right, before a state is saved (exit 4 when not):
 
-  checks.replica_every    copies of each replicated shard agree (trainer/cluster/replicas.py)
+  checks.replica_every    copies of each replicated shard agree (trainer/checks/replicas.py)
   checks.recompute_every  the step recomputed with its shards on other devices agrees bit for bit
-                          (trainer/cluster/recompute.py): the check that works where nothing is replicated
+                          (trainer/checks/recompute.py): the check that works where nothing is replicated
 Each runs every N steps and on every step that saves a checkpoint on schedule (0: off).
 """
 
 import jax
 
-from trainer.cluster import recompute, replicas, runtime
+from trainer.checks import recompute, replicas
+from trainer.cluster import runtime
 from trainer.observe.metrics import console
 
 
