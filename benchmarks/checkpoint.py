@@ -59,7 +59,7 @@ def main():
   for name, overrides in (("smoke", {}), ("~100M", LARGE)):
     config = smoke_config(overrides)
     comp = components.build(config)
-    state = components.init_state(comp, config)
+    state = components.fresh_state(comp, config)
     jax.block_until_ready(state)
     nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
     params = state_lib.param_count(state.params)

@@ -75,7 +75,7 @@ def _point(overrides: dict) -> dict:
   for key, value in overrides.items():
     assemble.set_key(config, key, value)
   comp = components.build(config)
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   batch = pipeline.to_global(components.local_batches(comp)(0), comp.batch_sharding, config.global_batch_size)
   with jax.set_mesh(comp.mesh):
     step = make_train_step(comp, config.microbatches).lower(state, batch).compile()

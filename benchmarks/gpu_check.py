@@ -148,7 +148,7 @@ def check_checkpoint(gpu: bool) -> None:
 
   config = _lm_125m(gpu)
   comp = components.build(config)
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   jax.block_until_ready(state)
   gb = sum(x.nbytes for x in jax.tree.leaves(state)) / 1e9
   with tempfile.TemporaryDirectory(dir=os.getcwd()) as workdir:
@@ -184,7 +184,7 @@ def _step_twice(gpu: bool) -> tuple[int, int, str]:
 
   config = _lm_125m(gpu)
   comp = components.build(config)
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   b = config.global_batch_size
   batch = pipeline.to_global(components.local_batches(comp)(0), comp.batch_sharding, b)
   step = make_train_step(comp, config.microbatches)

@@ -54,7 +54,7 @@ def main():
   pipeline_bps = n / (time.perf_counter() - t0)
 
   # 2. The train step alone on one fixed batch.
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   batch = pipeline.to_global(local(0), comp.batch_sharding, b)
   step = make_train_step(comp, config.microbatches)
   with jax.set_mesh(comp.mesh):

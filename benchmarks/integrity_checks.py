@@ -65,7 +65,7 @@ def _measure(name: str, overrides: dict, repeats: int) -> str:
   config = smoke_config({**overrides, "mesh.data": 1, "mesh.fsdp": -1, "mesh.tensor": 1})
   config.sharding.strategy = "fsdp"
   comp = components.build(config)
-  state = [components.init_state(comp, config)]
+  state = [components.fresh_state(comp, config)]
   local = components.local_batches(comp)(0)
   batch = pipeline.to_global(local, comp.batch_sharding, config.global_batch_size)
   step = make_train_step(comp, config.microbatches)

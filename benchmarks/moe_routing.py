@@ -87,7 +87,7 @@ def prepare(config) -> dict:
   from trainer.step import make_train_step
 
   comp = components.build(config)
-  st = components.init_state(comp, config)
+  st = components.fresh_state(comp, config)
   batch = pipeline.to_global(components.local_batches(comp)(0), comp.batch_sharding, config.global_batch_size)
   with jax.set_mesh(comp.mesh):
     step = make_train_step(comp, config.microbatches).lower(st, batch).compile()

@@ -44,7 +44,7 @@ def bare_step_time(config, steps: int) -> float:
   from trainer import components
 
   comp = components.build(config)
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   params, opt_state = state.params, state.opt_state
   loss_sums = comp.experiment.loss_sums
   b = config.global_batch_size

@@ -50,7 +50,7 @@ def measure(config, devices, steps: int) -> dict:
   from trainer.step import make_train_step
 
   comp = components.build(config, devices)
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   batch = pipeline.to_global(components.local_batches(comp)(0), comp.batch_sharding, config.global_batch_size)
   with jax.set_mesh(comp.mesh):
     step = make_train_step(comp, config.microbatches).lower(state, batch).compile()

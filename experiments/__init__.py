@@ -70,7 +70,7 @@ Optional:
       (trainer/init_from.py says more); EXTENDABLE_KEYS, those of the keys a config may set otherwise
       on purpose (the LM: RoPE's, to train longer than the pretrained context).
   EXPORT_FORMATS: dict[str, (run: trainer.checkpoint.read.Loaded, out, weights) -> [what it wrote]]
-      Formats `trainer.export --format=NAME` writes (the LM: 'hf', a directory transformers loads).
+      Formats `trainer.modes.export --format=NAME` writes (the LM: 'hf', a directory transformers loads).
   example_batch(config) -> dict[str, np.ndarray]
       One row shaped and typed as make_batch's batches (zeros will do), from the config alone:
       --mode=inspect compiles the step from it without opening the data, so a cluster's data.path

@@ -10,7 +10,7 @@ from trainer.step import make_train_step
 def run_steps(config, devices, steps: int, init_params=None):
   """Returns (theta_0, [per-step metrics incl. grads], final state) on a mesh over `devices`."""
   comp = components.build(config, devices)
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   theta0 = jax.device_get(state.params)
   step = make_train_step(comp, config.microbatches, with_grads=True)
   b = config.global_batch_size

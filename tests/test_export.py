@@ -57,7 +57,7 @@ def test_load_and_export_give_the_checkpoints_params_exactly(tmp_path, capsys):
   other.mesh.data, other.mesh.fsdp, other.mesh.tensor = 1, 8, 1
   init_from.configure(other, str(tmp_path / "second"))
   comp = components.build(other)
-  state = components.init_state(comp, other)
+  state = components.fresh_state(comp, other)
   assert int(state.step) == 0
   for mine, theirs in zip(jax.tree.leaves(state.params), jax.tree.leaves(run.params), strict=True):
     np.testing.assert_array_equal(np.asarray(mine), theirs)
@@ -65,7 +65,7 @@ def test_load_and_export_give_the_checkpoints_params_exactly(tmp_path, capsys):
   with pytest.raises(
     UserError, match=r"params are not this model's: layers/mlp/down \[2, 64, 32\] -> \[2, 48, 32\]"
   ):
-    components.init_state(components.build(other), other)
+    components.fresh_state(components.build(other), other)
 
 
 def test_a_re_export_replaces_the_earlier_one_whole(tmp_path, capsys):

@@ -116,7 +116,7 @@ def test_a_prompt_target_changes_neither_loss_nor_gradient(pairs):
 
 
 def _init(comp, config):
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   return state.params, state.variables
 
 

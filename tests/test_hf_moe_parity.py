@@ -106,7 +106,7 @@ def read(path, args, **overrides):
   if c.model.moe.num_experts:
     c.model.moe.routing = "dropless"
   comp = components.build(c)
-  state = components.init_state(comp, c)
+  state = components.fresh_state(comp, c)
   fn = jax.jit(lambda w, tokens: comp.mdef.merge(*w)(tokens))
   weights = jax.device_get((state.params, state.variables))
   return c, weights[0], lambda tokens: fn(weights, tokens)
@@ -306,7 +306,7 @@ def test_a_mixtral_on_a_mesh_with_the_expert_axis_gives_its_logits(models):
   init_from.configure(c, os.path.join(path, "_unused_workdir"))
   c.model.moe.routing, c.model.moe.capacity_factor = "capacity", 4 / 2
   comp = components.build(c)
-  state = components.init_state(comp, c)
+  state = components.fresh_state(comp, c)
   gate = state.params["blocks"][0]["mlp"]["gate"]
   assert {s.data.shape[0] for s in gate.addressable_shards} == {2}  # [E/2, D, F] per device.
   fn = jax.jit(lambda w, tokens: comp.mdef.merge(*w)(tokens))

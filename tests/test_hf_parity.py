@@ -78,7 +78,7 @@ def ours(path, *args, **overrides):
     assemble.set_key(c, key, value)
   init_from.configure(c, os.path.join(path, "_unused_workdir"))
   comp = components.build(c)
-  state = components.init_state(comp, c)
+  state = components.fresh_state(comp, c)
   return jitted(comp.mdef, jax.device_get((state.params, state.variables)))
 
 
@@ -137,7 +137,7 @@ def test_hf_to_ours_to_hf_is_bit_for_bit(llamas, tmp_path):
     c.init_from, c.model.scan_layers = path, name == "gqa"
     init_from.configure(c, str(tmp_path / name / "run"))
     comp = components.build(c)
-    params = jax.device_get(components.init_state(comp, c).params)
+    params = jax.device_get(components.fresh_state(comp, c).params)
     out = str(tmp_path / name / "hf")
     hf_export.write(out, c.model, params, {})
     original, exported = hf_read.Tensors(path), hf_read.Tensors(out)
@@ -242,7 +242,7 @@ def test_a_trained_run_exports_what_transformers_loads(tmp_path):
     "--config.model.scale_tied_embeddings=false",
   )
   assert trained.returncode == 0, trained.stderr
-  export = run_python("-m", "trainer.export", f"--workdir={run}", "--format=hf", f"--out={out}")
+  export = run_python("-m", "trainer.modes.export", f"--workdir={run}", "--format=hf", f"--out={out}")
   assert export.returncode == 0 and "its byte tokenizer" in export.stdout, export.stderr
   loaded = load(run)
   theirs, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)

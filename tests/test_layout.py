@@ -1,7 +1,6 @@
-"""trainer/'s layout holds: imports go one way (no cycle between its modules, nor between its folders;
-config/ needs nothing else
-of the trainer and no JAX; only trainer/run.py, and trainer/export.py, reach up to the modes and the
-run), checked on the source with `ast`, without importing anything."""
+"""trainer/'s layout holds: imports go one way (no cycle between its modules, nor between its
+subpackages; config/ needs nothing else of the trainer and no JAX; only trainer/run.py reaches up to the
+modes and the run), checked on the source with `ast`, without importing anything."""
 
 import ast
 import glob
@@ -10,8 +9,8 @@ import os
 from tests.conftest import REPO
 
 TOP = ("trainer.run", "trainer.train")  # What the entry points call; nothing below may import them.
-# What may reach up to the modes: the dispatch, and `python -m trainer.export` (modes/export's short name).
-ENTRY_POINTS = ("trainer.run", "trainer.export")
+# What may reach up to the modes: the dispatch.
+ENTRY_POINTS = ("trainer.run",)
 
 
 def _module(path: str) -> str:

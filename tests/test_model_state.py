@@ -101,7 +101,7 @@ def test_batchnorm_statistics_are_the_datas_and_agree_on_every_mesh_and_process_
 def test_variables_and_the_average_are_saved_and_restored_bit_for_bit_onto_another_mesh(tmp_path):
   config = _config()
   comp = components.build(config)
-  state, step = components.init_state(comp, config), make_train_step(comp, 1)
+  state, step = components.fresh_state(comp, config), make_train_step(comp, 1)
   local = components.local_batches(comp)
 
   for t in range(3):
@@ -132,7 +132,7 @@ def test_the_average_is_numpys_and_evaluation_and_export_report_it(tmp_path, mon
   config = _config(**{"steps": 4, "checkpoint.every": 1, "checkpoint.keep": 5, "eval_steps": 1})
   summary = train(config, str(tmp_path))
   comp = components.build(config)
-  average = jax.device_get(components.init_state(comp, config).params)
+  average = jax.device_get(components.fresh_state(comp, config).params)
   for k in range(1, 5):
     params = load(str(tmp_path), step=k).params
     average = jax.tree.map(lambda e, p: EMA * e + (1 - EMA) * p, average, params)
@@ -194,7 +194,7 @@ def test_a_checkpoint_from_before_variables_were_kept_apart_is_refused_and_left_
 
   config = _config(**{"ema.decay": 0.0})
   comp = components.build(config)
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   merged = comp.mdef.merge(state.params, state.variables)
   old = {
     "step": state.step,
@@ -216,7 +216,7 @@ def test_an_old_checkpoint_of_a_model_without_variables_restores_and_its_shapes_
 
   config = tiny_config()
   comp = components.build(config)
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   old = {"step": state.step, "params": state.params, "opt_state": state.opt_state, "rng": state.rng}
   ckpt = _save_old_tree(tmp_path, 2, old, comp, config)
   restored = ckpt.restore_latest(state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx))

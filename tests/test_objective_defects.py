@@ -122,7 +122,7 @@ def test_processes_reading_different_data_at_the_same_path_stop_before_training(
 def test_evaluation_counts_each_held_out_example_once():
   cfg = tiny_config(eval_steps=5, **{"data.eval_examples": 20})  # 5 batches of 16 > 20 examples.
   comp = components.build(cfg)
-  state = components.init_state(comp, cfg)
+  state = components.fresh_state(comp, cfg)
   step = make_eval_step(comp)
   more = evaluate(comp, step, state, cfg)
   cfg.eval_steps = 2  # Exactly the held-out set: 16 + 4 rows, the rest padding.

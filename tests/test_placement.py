@@ -95,7 +95,7 @@ def test_every_leaf_lives_where_the_rules_say(strategy, min_size, scan, mesh_sha
     }
   )
   comp = components.build(cfg)
-  state = components.init_state(comp, cfg)
+  state = components.fresh_state(comp, cfg)
   mesh, table = comp.mesh, WEIGHT_AXES[strategy]
   names = jax.tree.leaves(
     comp.mdef.logical_specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)

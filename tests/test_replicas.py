@@ -66,7 +66,7 @@ def test_two_copies_that_differ_are_both_named():
 
   config = tiny_config(**{"mesh.data": 2, "mesh.fsdp": 4, "mesh.tensor": 1, "sharding.strategy": "fsdp"})
   comp = components.build(config)
-  state = components.init_state(comp, config)
+  state = components.fresh_state(comp, config)
   replicas.check(state, comp.mesh, 1)  # Healthy: silent.
   bad = state.replace(params=replicas.perturb_one_copy(state.params, jax.devices()[6]))
   with pytest.raises(

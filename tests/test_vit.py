@@ -92,7 +92,8 @@ def test_vit_trains_and_closes_without_a_loss_floor(straight):
     closing.startswith(f"final step {STEPS}: loss ") and "eval_loss" in closing and "floor" not in closing
   )
   # An experiment without a Hugging Face layout: one error line, nothing written.
-  export = run_python("-m", "trainer.export", f"--workdir={workdir}", "--format=hf", f"--out={workdir}/hf")
+  out = f"--out={workdir}/hf"
+  export = run_python("-m", "trainer.modes.export", f"--workdir={workdir}", "--format=hf", out)
   assert export.returncode == 2 and not os.path.exists(f"{workdir}/hf")
   assert export.stderr.strip().splitlines() == [
     "error: --format=hf: experiments/vit.py cannot write it (it declares no EXPORT_FORMATS)"

@@ -144,7 +144,7 @@ def _warn_once(line: str) -> None:
     print(line, flush=True)
 
 
-def init_state(comp: Components, config) -> state_lib.TrainState:
+def fresh_state(comp: Components, config) -> state_lib.TrainState:
   """A fresh train state from config.seed, initialized directly into comp's shardings; with
   config.init_from, its params from there (trainer/init_from.py)."""
   build = lambda rngs: comp.experiment.build_model(config, rngs)

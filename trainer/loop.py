@@ -13,9 +13,8 @@ import numpy as np
 from data import pipeline
 from errors import UserError
 from trainer.checkpoint import restore, store
-from trainer.cluster import recovery
 from trainer.evaluate import evaluate
-from trainer.observe import flops, profiling, straggler
+from trainer.observe import flops, profiling, recovery_time, straggler
 from trainer.observe.metrics import Window, console, eval_line, progress_line
 
 
@@ -131,9 +130,11 @@ class Loop:
       run.ckpt.poll()  # A background save's error surfaces here, at the next step.
       if self.restarted and self.step == self.start + 1:  # Time to recover: up to this first step's end.
         jax.block_until_ready(metrics)
-        row = recovery.row(self.restarted, run.clock.ledger.started, run.startup, time.time(), self.start)
+        row = recovery_time.row(
+          self.restarted, run.clock.ledger.started, run.startup, time.time(), self.start
+        )
         run.log.write(row)  # Kept by later resumes.
-        console(recovery.line(row))
+        console(recovery_time.line(row))
       # Same decisions on every process: the step count and the agreed preemption step.
       return self.preemption.should_stop(self.step), metrics, copied, t1
 

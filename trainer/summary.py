@@ -5,8 +5,7 @@ import os
 
 import jax
 
-from trainer.cluster import recovery
-from trainer.observe import flops, goodput
+from trainer.observe import flops, goodput, recovery_time
 from trainer.observe.metrics import closing_line, console
 
 
@@ -30,7 +29,7 @@ def summary(run, loop, split: dict, wall_s: float) -> dict:
     "compile_s": run.startup.get("compile", 0.0),
     "startup_s": run.startup,  # imports, build, init or restore, compile.
     "goodput": split,  # Where the wall time went, from process start (trainer/observe/goodput.py).
-    "recoveries": recovery.history(run.workdir) if jax.process_index() == 0 else [],
+    "recoveries": recovery_time.history(run.workdir) if jax.process_index() == 0 else [],
     "model_flops_per_step": run.flops_per_step,
     "compiled_flops_per_step": run.compiled_flops,  # XLA's count: remat included, a loop's body once.
     "tflops_per_device": speed.get("tflops_per_device"),  # Over this run's steps, all their time.

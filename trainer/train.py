@@ -17,11 +17,11 @@ from trainer import summary as summary_lib
 from trainer.checkpoint import local as local_tiers
 from trainer.checkpoint import restore, store, tree
 from trainer.checks import first_step, integrity
-from trainer.cluster import interrupts, multihost, recovery, runtime
+from trainer.cluster import interrupts, multihost, runtime
 from trainer.cluster.preemption import Preemption
 from trainer.cluster.watchdog import Watchdog
 from trainer.loop import Loop
-from trainer.observe import flops, goodput
+from trainer.observe import flops, goodput, recovery_time
 from trainer.observe.clock import Clock
 from trainer.observe.metrics import MetricsLog, console, device_label
 from trainer.step import make_eval_step, make_train_step
@@ -90,7 +90,7 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
       meta,
       ckpt=store.Checkpoints(workdir, c.keep, c.keep_every, c.replica_parallel),
       target=state_lib.abstract_state(comp.shardings, comp.mdef, comp.tx),
-      init=functools.partial(components.init_state, comp, config),
+      init=functools.partial(components.fresh_state, comp, config),
       last_step=config.steps if stop_after is None else min(stop_after, config.steps),
       startup={"imports": t_start - started, "build": time.time() - t_start},
     )
@@ -145,7 +145,7 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     run.log = MetricsLog(workdir, first, first if first >= run.last_step else None, process_start)
     if run.log.trained_before is not None:
       clock.ledger.trained_before = run.log.trained_before
-    restarted = recovery.from_env() if first < run.last_step else None  # Relaunched by a launcher.
+    restarted = recovery_time.from_env() if first < run.last_step else None  # Relaunched by a launcher.
     checks = integrity.Checks(comp, config, make_train_step, run.last_step)
     preemption = Preemption()
     cleanup.callback(preemption.restore_handlers)

@@ -5,7 +5,7 @@ uses directly: `from trainer.checkpoint.read import load`). From the shell:
   python -m trainer.modes.export --workdir=runs/text [--step=N] --format=hf --out=OUTDIR
 
 `--format=NAME` writes in a format of the experiment's (its EXPORT_FORMATS: the LM's `hf` is a
-Hugging Face Llama directory that transformers loads; `python -m trainer.export` is the same command).
+Hugging Face Llama directory that transformers loads).
 Without it the file holds every parameter under its tree path ('blocks/0/attn/wq'), and every other
 variable of the model (a BatchNorm's statistics) under its own, with the config and step as the
 file's metadata. `--ema` writes the params' moving average in place of the params (ema.decay > 0).

@@ -68,7 +68,7 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   on_one = sharded.mesh.size == 1
   coupled = getattr(sharded.experiment, "COUPLES_EXAMPLES", False)
 
-  state = components.init_state(sharded, config)
+  state = components.fresh_state(sharded, config)
   # Through the host: independent copies of one initial state (each step donates its input).
   initial = _host(state)
   ref = jax.device_put(initial, single.shardings)
