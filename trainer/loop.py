@@ -12,6 +12,7 @@ import numpy as np
 
 from data import pipeline
 from errors import UserError
+from trainer.cadence import TimedSaves, itstime
 from trainer.checkpoint import restore, store
 from trainer.evaluate import evaluate
 from trainer.observe import flops, profiling, recovery_time, straggler
@@ -38,6 +39,9 @@ class Loop:
     self.last = run.log.last_train_row(self.start) if self.start >= self.last_step else {}
     self.eval_row, self._eval_compiled, self._stragglers_seen = {}, False, set()
     self.trained = np.zeros(max(self.last_step - self.start, 0))  # Valid units per step of this run.
+    c = self.config
+    self.timed_saves = TimedSaves(c.checkpoint.every_s, c.log_every, c.watchdog.step_timeout_s)
+    self.timed_saves.begin(self.start, self.rollbacks)
     self._new_window()
     self.batches = self._open_batches()
 
@@ -64,10 +68,10 @@ class Loop:
       while self.step < self.last_step:
         with self.clock.phase("step", self.step + 1, self._first_step_budget()) as phase:
           stop, metrics, copied, t1 = self._train_step(phase)
-          log_now = self.step % self.config.log_every == 0 or self.step == self.last_step or stop
-          save_now = self.step % self.config.checkpoint.every == 0 or self.step == self.last_step or stop
+          log_now = itstime(self.step, self.config.log_every, self.last_step, last=True) or stop
+          save_now = self._saves(self.step) or stop
           # The last step is saved to the persistent tier, always: a copy of it would only stand in for it.
-          copy_now = self.run.local is not None and self.run.local.due(self.step)
+          copy_now = self.run.local is not None and itstime(self.step, self.run.local.every)
           copy_now = copy_now and self.step != self.last_step
           # Never log past, or save, a non-finite state (a copy checks on its own thread: no wait here).
           bad = self.window.first_nonfinite_step() if log_now or save_now else None
@@ -84,6 +88,12 @@ class Loop:
         self.run.ckpt.wait()  # is finished, not left half-written.
         if self.run.local is not None:
           self.run.local.wait(raise_error=False)
+
+  def _saves(self, step: int) -> bool:
+    """Whether `step` saves on schedule: every checkpoint.every steps, the last step, and by the clock
+    (checkpoint.every_s). Known before the step runs (the recompute check copies its state then)."""
+    every = self.config.checkpoint.every
+    return itstime(step, every, self.last_step, last=True) or self.timed_saves.due(step)
 
   def _first_step_budget(self) -> float | None:
     """The run's first step waits in its collectives for peers still compiling: compile's budget."""
@@ -116,7 +126,8 @@ class Loop:
       step_fn, run.first_train_step = run.first_train_step or run.train_step, None
       copied = None
       if step_fn is run.train_step:
-        copied = self.checks.copy_if_due(self.step + 1, self.state, batch)  # Before the step donates it.
+        # Before the step donates the state.
+        copied = self.checks.copy_if_due(self.step + 1, self.state, batch, self._saves(self.step + 1))
       with self.profile.annotation(self.step + 1):
         self.state, metrics = step_fn(self.state, batch)
       self.step += 1
@@ -165,9 +176,12 @@ class Loop:
         position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
         run.ckpt.save(step, self.state, position, config, run.meta)  # Async: written in the background.
       self.clock.ledger.saved(step)
+      self.timed_saves.saved()
+    if log_now:  # Whether the next logging step saves by the clock, decided now (process 0).
+      self.timed_saves.decide(step)
     if log_now:
       self._log(step, t, metrics, device_wait_s)
-    if config.eval_every and step % config.eval_every == 0 and step != config.steps:
+    if itstime(step, config.eval_every) and step != config.steps:
       self.eval_row = self.evaluate(step)
       console(f"step {step}/{config.steps}  {eval_line(self.eval_row)}")
     if log_now:
@@ -235,5 +249,6 @@ class Loop:
       run.log.truncate(back.step)
       run.log.write(back.event)
       self.state, self.step, self.batch_offset = back.state, back.step, back.batch_offset
+      self.timed_saves.begin(self.step, self.rollbacks)
       self._new_window()
       self.batches = self._open_batches()

@@ -146,7 +146,7 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     if run.log.trained_before is not None:
       clock.ledger.trained_before = run.log.trained_before
     restarted = recovery_time.from_env() if first < run.last_step else None  # Relaunched by a launcher.
-    checks = integrity.Checks(comp, config, make_train_step, run.last_step)
+    checks = integrity.Checks(comp, config, make_train_step)
     preemption = Preemption()
     cleanup.callback(preemption.restore_handlers)
     interrupts.during("the end of training")  # Once train() returns and the handlers are restored.

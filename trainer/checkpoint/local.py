@@ -78,10 +78,7 @@ class LocalTier:
   def held(self, source: int) -> str:
     return os.path.join(self.root, "held", str(source))
 
-  # --- Saving.
-  def due(self, step: int) -> bool:
-    return bool(self.every) and step % self.every == 0
-
+  # --- Saving (every `every` steps: trainer/cadence.py).
   def save(self, step: int, state, position: dict, checked: bool, finite_flags: list) -> None:
     """Copies the state on its devices (dispatched, not waited for: the loop keeps the next step queued
     while this one runs); a thread then brings this process's shards to host memory once the step has

@@ -8,16 +8,16 @@ Each runs every N steps and on every step that saves a checkpoint on schedule (0
 
 import jax
 
+from trainer.cadence import itstime
 from trainer.checks import recompute, replicas
 from trainer.cluster import runtime
 from trainer.observe.metrics import console
 
 
 class Checks:
-  def __init__(self, comp, config, make_train_step, last_step: int):
+  def __init__(self, comp, config, make_train_step):
     c = config.checks
     self.mesh, self.replica_every = comp.mesh, c.replica_every
-    self.save_every, self.last_step = config.checkpoint.every, last_step
     every = c.recompute_every
     # Two runs of one step on a GPU differ without deterministic kernels: every check would accuse a
     # healthy device (trainer/cluster/runtime.py).
@@ -36,15 +36,15 @@ class Checks:
         "other device to recompute its shards on"
       )
 
-  def copy_if_due(self, step: int, state, batch):
-    """Before step `step` runs: the copy it will be recomputed from, if it is checked (else None)."""
-    every = self.recompute.every
-    if self.recompute.on and (step % every == 0 or step % self.save_every == 0 or step == self.last_step):
+  def copy_if_due(self, step: int, state, batch, saves: bool):
+    """Before step `step` runs (`saves`: it saves on schedule): the copy it will be recomputed from, if
+    it is checked (else None)."""
+    if self.recompute.on and (itstime(step, self.recompute.every) or saves):
       return self.recompute.copy(state, batch)
     return None
 
   def due(self, step: int, save_now: bool, copied) -> bool:
-    return copied is not None or bool(self.replica_every and (step % self.replica_every == 0 or save_now))
+    return copied is not None or bool(self.replica_every and (itstime(step, self.replica_every) or save_now))
 
   def run(self, state, metrics, step: int, copied) -> None:
     if self.replica_every:

@@ -157,6 +157,14 @@ KEYS = {
     1.0, real(0.0), keys.OPTIMIZER, "Clip the global gradient norm to this (0: no clipping)."
   ),
   "checkpoint.every": Key(50, whole(1), keys.FREE, "Save every N steps (and always at the end)."),
+  "checkpoint.every_s": Key(
+    0.0,
+    real(0.0),
+    keys.FREE,
+    "Also save at least every this many seconds, on a logging step: process 0 decides at each logging "
+    "step whether the next one saves, and every process reads it there (trainer/cadence.py), so a slow "
+    "model still saves on time. 0: by steps only.",
+  ),
   "checkpoint.keep": Key(3, whole(1), keys.FREE, "How many recent checkpoints to keep."),
   "checkpoint.keep_every": Key(
     0, whole(0), keys.FREE, "Also keep every checkpoint whose step is a multiple of this, forever (0: none)."
