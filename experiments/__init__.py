@@ -87,6 +87,15 @@ Optional:
   inspect_notes(config, mesh_shape) -> list[str]
       Lines --mode=inspect prints (and writes as inspect.json's experiment_notes) about how the step
       computes on this mesh ({axis: size}): the LM names the attention implementation it compiled.
+  hooks(config) -> list[trainer.hooks.Hook]
+      Periodic work beside training (a few generations, an image, an extra metric): each
+      Hook(name, fn, every=N steps, every_s=S seconds, on="all" | "process_0") runs fn(ctx) after the
+      step's row, save and evaluation, with ctx.step, ctx.params, ctx.variables, ctx.ema, ctx.config,
+      ctx.model(ema=False) (the weights merged into the model) and ctx.writer (.scalar, .text, .image:
+      a `"event": "hook"` row in metrics.jsonl with keys NAME/KEY, and TensorBoard). on="all" runs on
+      every process with the devices' arrays (collectives allowed); on="process_0" runs on process 0
+      with host copies of the whole state, gathered on every process first. A hook that raises ends
+      the run with one `error:` line naming it and its line (exit 8), after its step is saved.
 
 What the trainer guarantees:
   - Global batch t holds the same records in the same order on any number of devices and processes;

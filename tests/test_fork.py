@@ -3,6 +3,7 @@ in the copy changes, and there `make check`'s tests of the new experiment (its p
 contract's naming) pass, under a name that sorts before the template's own."""
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -58,3 +59,33 @@ def test_fork_trains_and_verifies_and_touches_nothing_else(tmp_path):
 
   again = run(sys.executable, "-m", "experiments.new", NAME, "--from=lm")
   assert again.returncode == 2 and again.stderr.startswith(f"error: experiments/{NAME}.py exists already")
+
+  # Periodic work, in the fork's own file: it runs on its cadence, and nothing else changes.
+  forked = _files(copy)
+  with open(copy / "experiments" / f"{NAME}.py", "a") as f:
+    f.write(HOOK)
+  workdir = tmp_path / "hooked"
+  trained = run(
+    sys.executable, "main.py", f"--config=configs/{NAME}.py:tiny", f"--workdir={workdir}", "--cpu_devices=8"
+  )
+  assert trained.returncode == 0, trained.stderr
+  assert {k for k, v in _files(copy).items() if forked.get(k) != v} == {f"experiments/{NAME}.py"}
+  with open(workdir / "metrics.jsonl") as f:
+    rows = [r for r in map(json.loads, f) if r.get("event") == "hook"]
+  assert [r["step"] for r in rows] == [1, 2] and all(r["weights/norm"] > 0 for r in rows), rows
+
+
+HOOK = """
+
+def hooks(config):
+  import jax
+  import numpy as np
+
+  from trainer.hooks import Hook
+
+  def weights_norm(ctx):
+    squares = sum(float(np.sum(np.square(np.asarray(x, np.float64)))) for x in jax.tree.leaves(ctx.params))
+    ctx.writer.scalar("norm", squares**0.5)
+
+  return [Hook("weights", weights_norm, every=1, on="process_0")]
+"""

@@ -12,7 +12,8 @@ import numpy as np
 
 from data import pipeline
 from errors import UserError
-from trainer.cadence import TimedSaves, itstime
+from trainer import hooks as hooks_lib
+from trainer.cadence import ByClock, itstime
 from trainer.checkpoint import restore, store
 from trainer.evaluate import evaluate
 from trainer.observe import flops, profiling, recovery_time, straggler
@@ -40,8 +41,11 @@ class Loop:
     self.eval_row, self._eval_compiled, self._stragglers_seen = {}, False, set()
     self.trained = np.zeros(max(self.last_step - self.start, 0))  # Valid units per step of this run.
     c = self.config
-    self.timed_saves = TimedSaves(c.checkpoint.every_s, c.log_every, c.watchdog.step_timeout_s)
+    self.timed_saves = ByClock("checkpoint", c.checkpoint.every_s, c.log_every, c.watchdog.step_timeout_s)
     self.timed_saves.begin(self.start, self.rollbacks)
+    made = hooks_lib.load(run.comp.experiment, c)
+    self.hooks = hooks_lib.Hooks(made, c, run.workdir, run.comp.mdef, run.log, c.watchdog.step_timeout_s)
+    self.hooks.begin(self.start, self.rollbacks)
     self._new_window()
     self.batches = self._open_batches()
 
@@ -176,7 +180,7 @@ class Loop:
         position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
         run.ckpt.save(step, self.state, position, config, run.meta)  # Async: written in the background.
       self.clock.ledger.saved(step)
-      self.timed_saves.saved()
+      self.timed_saves.ran()
     if log_now:  # Whether the next logging step saves by the clock, decided now (process 0).
       self.timed_saves.decide(step)
     if log_now:
@@ -184,6 +188,15 @@ class Loop:
     if itstime(step, config.eval_every) and step != config.steps:
       self.eval_row = self.evaluate(step)
       console(f"step {step}/{config.steps}  {eval_line(self.eval_row)}")
+    for hook in self.hooks.due(step, self.last_step):
+      with self.clock.phase("hooks", step):
+        try:
+          self.hooks.run(hook, step, self.state)
+        except hooks_lib.HookFailed:
+          if not save_now:  # Nothing is lost: every process saves this step, then stops.
+            position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
+            run.ckpt.save(step, self.state, position, config, run.meta)
+          raise
     if log_now:
       self._new_window()
     if copy_now:  # The step's rows are written: its copy may become whole.
@@ -250,5 +263,6 @@ class Loop:
       run.log.write(back.event)
       self.state, self.step, self.batch_offset = back.state, back.step, back.batch_offset
       self.timed_saves.begin(self.step, self.rollbacks)
+      self.hooks.begin(self.step, self.rollbacks)
       self._new_window()
       self.batches = self._open_batches()

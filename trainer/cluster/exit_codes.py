@@ -30,6 +30,7 @@ COMPUTED_WRONG_EXIT = 4
 RESOURCES_EXIT = 5
 MISCOMPILED_EXIT = 6
 NONFINITE_FIRST_STEP_EXIT = 7
+HOOK_EXIT = 8
 INTERRUPTED_EXIT = 128 + signal.SIGINT  # The shell's convention for a signal N: 128 + N.
 PREEMPTED_EXIT = 128 + signal.SIGTERM
 
@@ -79,6 +80,12 @@ TABLE = (
     "the first step is not finite",
     False,
     "checks.first_step saw NaN/Inf in the first step's loss or gradients: fix the data, init or lr",
+  ),
+  ExitCode(
+    HOOK_EXIT,
+    "an experiment's hook raised",
+    False,
+    "fix the hook its `error:` line names (the experiment's hooks()); the step it ran at was saved",
   ),
   ExitCode(
     INTERRUPTED_EXIT, "stopped by SIGINT", True, "nothing: a restart resumes from the newest checkpoint"

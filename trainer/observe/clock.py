@@ -31,6 +31,7 @@ PHASES = {
   "step": Phase("productive_steps", "step_timeout_s"),
   "checkpoint": Phase("checkpoint_blocking", "step_timeout_s"),
   "eval": Phase("evaluation", "step_timeout_s"),
+  "hooks": Phase("hooks", "step_timeout_s"),  # An experiment's periodic work (trainer/hooks.py).
   "finish": Phase("checkpoint_blocking", "step_timeout_s"),  # The last write, then the summary.
 }
 # Goodput's categories: the phases', and the steps trained again.

@@ -121,6 +121,18 @@ class MetricsLog:
       if k not in ("step", "time") and isinstance(v, int | float):
         self._tb.add_scalar(k, v, row["step"])
 
+  def write_tensorboard(self, step: int, scalars: dict, texts: dict, images: dict) -> None:
+    """What a hook wrote (trainer/hooks.py), beside the trainer's own scalars (process 0)."""
+    if not self.is_main:
+      return
+    for k, v in scalars.items():
+      self._tb.add_scalar(k, v, step)
+    for k, v in texts.items():
+      self._tb.add_text(k, v, step)
+    for k, v in images.items():
+      self._tb.add_image(k, v, step, dataformats="HW" if v.ndim == 2 else "HWC")
+    self._tb.flush()
+
   def write_process(self, row: dict) -> None:
     self._process.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
     self._process.flush()
@@ -133,7 +145,13 @@ class MetricsLog:
 
 
 # The clock's phases a window books: where each goes in the window's figures.
-_PHASE_FIELDS = {"data": "fetch", "checkpoint": "checkpoint", "eval": "evaluation", "profiling": "profiling"}
+_PHASE_FIELDS = {
+  "data": "fetch",
+  "checkpoint": "checkpoint",
+  "eval": "evaluation",
+  "hooks": "hooks",
+  "profiling": "profiling",
+}
 
 
 class Window:
@@ -144,8 +162,8 @@ class Window:
     self.start = time.time()
     self.unit = unit  # What the loss's count counts: the experiment's UNIT.
     self.steps, self.data_wait, self.fetch, self.dispatch = 0, 0.0, 0.0, 0.0
-    # Seconds the loop spent saving, evaluating and starting or reading back a profile.
-    self.checkpoint = self.evaluation = self.profiling = 0.0
+    # Seconds the loop spent saving, evaluating, in the experiment's hooks and on a profile.
+    self.checkpoint = self.evaluation = self.hooks = self.profiling = 0.0
     self.valid_examples = 0
     self.step_counts: list[tuple[int, float]] = []  # fetch_counts(), once the window closes.
     self._counts, self._unchecked = [], []  # Device scalars: (step, count); (step, finite, count).
@@ -193,7 +211,8 @@ class Window:
     over all its steps, and rates over its training time (saving and evaluating excluded; the
     process row has both)."""
     now = time.time()
-    training = max(now - self.start - self.checkpoint - self.evaluation - self.profiling, 1e-9)
+    training = now - self.start - self.checkpoint - self.evaluation - self.hooks - self.profiling
+    training = max(training, 1e-9)
     self.step_counts = self.fetch_counts()
     total = sum(n for _, n in self.step_counts)
     row = {
@@ -217,6 +236,7 @@ class Window:
       "device_wait_s": device_wait_s,
       "checkpoint_block_s": self.checkpoint,
       "eval_s": self.evaluation,
+      "hooks_s": self.hooks,
     }
     return row, process_row
 

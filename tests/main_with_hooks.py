@@ -1,0 +1,38 @@
+"""main.py with hooks added to the LM experiment, for tests only (a fork writes them in its own
+experiment file; tests/test_fork.py does that):
+
+  python tests/main_with_hooks.py MAIN_FLAGS...
+
+- `gathered` (process 0 only, every 4 steps): the parameters' sum of squares from host copies of the
+  whole state, as a scalar.
+- `boom` (every process, every 5 steps): raises on process 1.
+"""
+
+import os
+import runpy
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments import lm  # noqa: E402
+from trainer.hooks import Hook  # noqa: E402
+
+
+def _gathered(ctx) -> None:
+  leaves = jax.tree.leaves(ctx.params)
+  assert all(isinstance(x, np.ndarray) for x in leaves), "process_0 hooks get host copies"
+  ctx.writer.scalar("params_sq", sum(float(np.sum(np.square(x, dtype=np.float64))) for x in leaves))
+
+
+def _boom(ctx) -> None:
+  if jax.process_index() == 1:
+    raise RuntimeError("a bug in the fork's hook")
+
+
+lm.hooks = lambda config: [Hook("gathered", _gathered, every=4, on="process_0"), Hook("boom", _boom, every=5)]
+sys.argv[0] = os.path.join(REPO, "main.py")
+runpy.run_path(sys.argv[0], run_name="__main__")

@@ -1,0 +1,116 @@
+"""trainer/hooks.py: an experiment's periodic work, run on its cadence with the state, written to
+metrics.jsonl and TensorBoard, booked by the clock; a hook that raises ends the run with one line and
+exit 8, after its step is saved, on every process."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from errors import UserError
+from experiments import lm
+from tests.conftest import REPO, TINY_FLAGS, read_jsonl, tiny_config
+from trainer import hooks
+from trainer.cluster import exit_codes
+from trainer.train import train
+
+
+def _hook_rows(workdir):
+  return [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r.get("event") == "hook"]
+
+
+def test_hooks_run_on_their_cadence_with_the_state_and_write_rows_text_and_images(tmp_path, monkeypatch):
+  seen = []
+
+  def sample(ctx):
+    model = ctx.model()  # The weights merged back into the model: run it, as a sampler would.
+    logits = model(np.zeros((1, 4), np.int32))
+    seen.append((ctx.step, logits.shape))
+    ctx.writer.scalar("logit_mean", float(np.mean(logits)))
+    ctx.writer.text("note", f"step {ctx.step}")
+
+  def picture(ctx):
+    ctx.writer.image("grid", np.linspace(0, 1, 12).reshape(3, 4))
+
+  monkeypatch.setattr(
+    lm,
+    "hooks",
+    lambda config: [
+      hooks.Hook("sample", sample, every=2),
+      hooks.Hook("picture", picture, every=3, on="process_0"),
+    ],
+    raising=False,
+  )
+  summary = train(tiny_config(), str(tmp_path))
+  assert [s for s, _ in seen] == [2, 4, 6] and seen[0][1] == (1, 4, 32)
+  rows = _hook_rows(tmp_path)
+  assert [(r["step"], r["hook"]) for r in rows] == [
+    (2, "sample"),
+    (3, "picture"),
+    (4, "sample"),
+    (6, "sample"),
+    (6, "picture"),
+  ]
+  assert rows[0]["sample/note"] == "step 2" and isinstance(rows[0]["sample/logit_mean"], float)
+  assert os.path.exists(tmp_path / rows[1]["picture/grid"])  # A PNG under WORKDIR/hooks/picture/.
+  assert any(n.startswith("events") for n in os.listdir(tmp_path / "tensorboard"))
+  assert summary["goodput"]["hooks"] > 0  # Booked as its own phase.
+
+
+def test_a_hook_that_raises_names_itself_and_its_line_and_saves_its_step(tmp_path, monkeypatch):
+  def broken(ctx):
+    raise KeyError("no_such_metric")
+
+  monkeypatch.setattr(lm, "hooks", lambda config: [hooks.Hook("broken", broken, every=3)], raising=False)
+  with pytest.raises(
+    hooks.HookFailed,
+    match=r"hook 'broken' raised at step 3: KeyError: 'no_such_metric' \(.*test_hooks.py:\d+\)",
+  ) as e:
+    train(tiny_config(), str(tmp_path))
+  assert e.value.exit_code == exit_codes.HOOK_EXIT == 8
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "3"]  # Step 3 saved though not on schedule.
+
+
+@pytest.mark.parametrize(
+  "made, problem",
+  [
+    ([object()], "each must be a trainer.hooks.Hook"),
+    ([hooks.Hook("a", print, every=1), hooks.Hook("a", print, every=2)], "'a' of .*: its name is used twice"),
+    ([hooks.Hook("a", print, every=1, on="rank0")], "on must be 'all' or 'process_0'"),
+    ([hooks.Hook("a", print)], "one of them > 0"),
+  ],
+)
+def test_a_malformed_hook_is_one_error(made, problem, monkeypatch):
+  monkeypatch.setattr(lm, "hooks", lambda config: made, raising=False)
+  with pytest.raises(UserError, match=problem):
+    hooks.load(lm, tiny_config())
+
+
+def test_two_processes_gather_for_process_0_and_stop_together_when_one_raises(tmp_path):
+  """`gathered` sees the whole state on process 0; `boom` raises on process 1 at step 5: both processes
+  save step 5 and exit 8, each with its line."""
+  launcher = [
+    sys.executable,
+    "launch/local.py",
+    "--processes=2",
+    "--cpu_devices=4",
+    "--main=tests/main_with_hooks.py",
+  ]
+  flags = [
+    *TINY_FLAGS,
+    "--config.steps=8",
+    "--config.checkpoint.every=4",
+    "--config.checkpoint.local_every=0",
+  ]
+  result = subprocess.run(
+    [*launcher, "--", *flags, f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=240
+  )
+  out = result.stdout + result.stderr
+  assert result.returncode == exit_codes.HOOK_EXIT, out[-3000:]
+  assert "error: hook 'boom' raised at step 5: RuntimeError: a bug in the fork's hook" in out
+  assert "error: hook 'boom' raised on another process at step 5" in out
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["4", "5"]
+  [row] = _hook_rows(tmp_path)
+  assert row["step"] == 4 and row["gathered/params_sq"] > 0
