@@ -26,6 +26,7 @@ VOLATILE = (
   "startup_s",
   "tokens_trained_this_run",
   "goodput",
+  "goodput_this_run",
   "tflops_per_device",
   "compiled_flops_per_step",  # A rerun that only finishes the summary compiles no train step.
 )  # Of this run, not of the trained model.

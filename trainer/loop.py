@@ -80,7 +80,7 @@ class Loop:
           # Never log past, or save, a non-finite state (a copy checks on its own thread: no wait here).
           bad = self.window.first_nonfinite_step() if log_now or save_now else None
           if bad is None:
-            self._after_step(phase.batch, metrics, copied, t1, log_now, save_now, copy_now)
+            self._after_step(phase.batch, metrics, copied, t1, log_now, save_now, copy_now, stop)
         if bad is not None:
           self._roll_back(*bad)
         elif stop:
@@ -154,7 +154,7 @@ class Loop:
       return self.preemption.should_stop(self.step), metrics, copied, t1
 
   def _after_step(
-    self, t: int, metrics, copied, t1: float, log_now: bool, save_now: bool, copy_now: bool
+    self, t: int, metrics, copied, t1: float, log_now: bool, save_now: bool, copy_now: bool, stop: bool
   ) -> None:
     """A logged step's window closes after its save, so its checkpoint blocking is in its own row, and a
     new window opens after the evaluation: no window's throughput includes either."""
@@ -173,11 +173,11 @@ class Loop:
           raise
     if copy_now:  # The local and peer tiers: copied on the devices now, the rest in the background.
       with self.clock.phase("checkpoint", step):
-        position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
+        position = self._position(step, ended=False)
         run.local.save(step, self.state, position, checked, self.window.unchecked_flags())
     if save_now:
       with self.clock.phase("checkpoint", step):
-        position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
+        position = self._position(step, ended=step == self.last_step or stop)
         run.ckpt.save(step, self.state, position, config, run.meta)  # Async: written in the background.
       self.clock.ledger.saved(step)
       self.timed_saves.ran()
@@ -194,8 +194,7 @@ class Loop:
           self.hooks.run(hook, step, self.state)
         except hooks_lib.HookFailed:
           if not save_now:  # Nothing is lost: every process saves this step, then stops.
-            position = store.data_position(step, self.batch_offset, run.comp, self.rollbacks)
-            run.ckpt.save(step, self.state, position, config, run.meta)
+            run.ckpt.save(step, self.state, self._position(step, ended=True), config, run.meta)
           raise
     if log_now:
       self._new_window()
@@ -206,6 +205,12 @@ class Loop:
         row = self.profile.stop(self.state)
         run.log.write_process(row)
         profiling.print_table(row, config.watchdog.step_timeout_s, run.device_label)
+
+  def _position(self, step: int, ended: bool) -> dict:
+    """What a checkpoint or copy of `step` saves beside the state: the data position and the clock
+    (`ended`: the run stops at this save, so the time until a resume is no loss)."""
+    clock = self.clock.snapshot(ended)
+    return store.data_position(step, self.batch_offset, self.run.comp, self.rollbacks, clock)
 
   def _log(self, step: int, t: int, metrics, device_wait_s: float) -> None:
     run = self.run

@@ -9,11 +9,11 @@ from trainer.observe import flops, goodput, recovery_time
 from trainer.observe.metrics import closing_line, console
 
 
-def summary(run, loop, split: dict, wall_s: float) -> dict:
-  """summary.json's fields, from the run's set-up (`run`), what its steps did (`loop`) and where its time
-  went (`split`, goodput's)."""
+def summary(run, loop, split: dict, this_run: dict, wall_s: float) -> dict:
+  """summary.json's fields, from the run's set-up (`run`), what its steps did (`loop`) and where the
+  time went (goodput's `split` of the whole training, and of `this_run`)."""
   step, unit, devices = loop.step, loop.unit, run.devices
-  step_s = split["productive_steps"] + split["lost_to_restarts"] + split["lost_to_rollbacks"]
+  step_s = this_run["productive_steps"] + this_run["lost_to_rollbacks"]
   run_steps = step - loop.start
   speed = flops.fields(run.flops_per_step, step_s / run_steps, devices) if run_steps and step_s else {}
   return {
@@ -28,7 +28,8 @@ def summary(run, loop, split: dict, wall_s: float) -> dict:
     "wall_s": wall_s,
     "compile_s": run.startup.get("compile", 0.0),
     "startup_s": run.startup,  # imports, build, init or restore, compile.
-    "goodput": split,  # Where the wall time went, from process start (trainer/observe/goodput.py).
+    "goodput": split,  # Where every run's wall time went, restarts included (trainer/observe/goodput.py).
+    "goodput_this_run": this_run,  # ... and this run's, from process start.
     "recoveries": recovery_time.history(run.workdir) if jax.process_index() == 0 else [],
     "model_flops_per_step": run.flops_per_step,
     "compiled_flops_per_step": run.compiled_flops,  # XLA's count: remat included, a loop's body once.

@@ -143,8 +143,7 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     # (trainer/cluster/preemption.py), up to the end of the summary.
     process_start = {"startup_s": run.startup, "compiled_from_cache": from_cache}
     run.log = MetricsLog(workdir, first, first if first >= run.last_step else None, process_start)
-    if run.log.trained_before is not None:
-      clock.ledger.trained_before = run.log.trained_before
+    clock.ledger.resume(start.clock)  # Every earlier run's time, from the checkpoint, on every process.
     restarted = recovery_time.from_env() if first < run.last_step else None  # Relaunched by a launcher.
     checks = integrity.Checks(comp, config, make_train_step)
     preemption = Preemption()
@@ -166,7 +165,7 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
       run.log.write_process(record)
     run.log.close()
   split = clock.ledger.split()
-  summary = summary_lib.summary(run, loop, split, time.time() - t_start)
+  summary = summary_lib.summary(run, loop, split, clock.ledger.split(whole=False), time.time() - t_start)
   summary_lib.write(summary_path, summary)
   multihost.barrier("end_of_training", timeout_s=config.watchdog.step_timeout_s)
   summary_lib.closing_lines(loop, split, config.steps, comp.sources.loss_floor)

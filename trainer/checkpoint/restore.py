@@ -17,6 +17,7 @@ class Start(NamedTuple):
   # Restored under another layout than it was saved with (store.layout; asked with checks.first_step).
   layout_changed: bool = False
   from_local_tier: bool = False  # Said by the local tier's own line, not as "resumed from checkpoint".
+  clock: dict | None = None  # The goodput clock saved with it (trainer/observe/goodput.py).
 
 
 def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resuming: bool, local=None) -> Start:
@@ -51,7 +52,9 @@ def _resumed(state, position: dict, step: int, saved: dict | None, comp, config,
     for line in resume.check(saved, now, step, config.checkpoint.allow_changed_keys, declared):
       console(line)
   store.check_data_position(position, step, comp, config.data.allow_changed_data)
-  return Start(state, position["batch_offset"], position.get("rollbacks", 0), changed)
+  return Start(
+    state, position["batch_offset"], position.get("rollbacks", 0), changed, clock=position.get("clock")
+  )
 
 
 class RolledBack(NamedTuple):

@@ -64,11 +64,13 @@ def has_checkpoints(workdir: str) -> bool:
   return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
 
 
-def data_position(step: int, batch_offset: int, comp, rollbacks: int = 0) -> dict:
+def data_position(step: int, batch_offset: int, comp, rollbacks: int = 0, clock: dict | None = None) -> dict:
   """Where the data stands after `step` steps: the next global batch is step + batch_offset (the offset
   counts batches skipped by a NaN rollback). Independent of process and device counts. It also
-  carries the rollbacks so far, so checkpoint.max_rollbacks holds across restarts."""
+  carries the rollbacks so far, so checkpoint.max_rollbacks holds across restarts, and the clock
+  (trainer/observe/goodput.py), so a resumed run's goodput counts every run's time."""
   return {
+    "clock": clock,
     "version": DATA_POSITION_VERSION,
     "step": step,
     "next_batch": step + batch_offset,

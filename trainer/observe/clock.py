@@ -20,8 +20,8 @@ class Phase:
 
 
 # Every phase, in the order the loop enters them within a step: at the same step, an earlier phase is
-# behind a later one (the watchdog's suspect). "step" is booked as productive or, for a global batch an
-# earlier run of the workdir trained already, lost to restarts (goodput.Ledger.step).
+# behind a later one (the watchdog's suspect). "step" is booked as productive (goodput.Ledger.step); what a
+# restart threw away is booked from the clock saved with the checkpoint (goodput.Ledger.resume).
 PHASES = {
   "startup": Phase("startup", "startup_timeout_s"),
   "restore": Phase("restore", "restore_timeout_s"),
@@ -34,13 +34,13 @@ PHASES = {
   "hooks": Phase("hooks", "step_timeout_s"),  # An experiment's periodic work (trainer/hooks.py).
   "finish": Phase("checkpoint_blocking", "step_timeout_s"),  # The last write, then the summary.
 }
-# Goodput's categories: the phases', and the steps trained again.
+# Goodput's categories: the phases', and the time restarts and rollbacks threw away.
 CATEGORIES = (*dict.fromkeys(p.category for p in PHASES.values()), "lost_to_restarts", "lost_to_rollbacks")
 
 
 class Open:
   """A phase being timed. The block may set `category` (a restore that found nothing is start-up) or
-  `batch` (the global batch a step trained on, which decides its goodput category)."""
+  `batch` (the global batch a step trained on, for the loop)."""
 
   def __init__(self, name: str, step: int, budget_s: float, since: float):
     self.name, self.step, self.budget_s = name, step, budget_s
@@ -79,13 +79,22 @@ class Clock:
         outer.since = time.time()
         self.watchdog.beat(outer.name, outer.step, outer.budget_s)
 
+  def snapshot(self, ended: bool) -> dict:
+    """The clock a checkpoint saves (goodput.Ledger.snapshot), the open phases' seconds so far included:
+    `ended`, the run stops at this save (its last step, or a stop on a signal)."""
+    now, pending = time.time(), {}
+    for frame in self._open:
+      seconds = frame.seconds + (now - frame.since if frame is self._open[-1] else 0.0)
+      pending[frame.category] = pending.get(frame.category, 0.0) + seconds
+    return self.ledger.snapshot(pending, ended)
+
   def _book(self, frame: Open, now: float) -> None:
     frame.seconds += now - frame.since
     frame.since = now
 
   def _close(self, frame: Open) -> None:
     if frame.name == "step":
-      self.ledger.step(frame.step, frame.batch, frame.seconds)
+      self.ledger.step(frame.step, frame.seconds)
     else:
       self.ledger.add(frame.category, frame.seconds)
     if self.window is not None:

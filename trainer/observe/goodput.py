@@ -1,14 +1,20 @@
-"""Where a run's wall time went: summary.json's `goodput`, from process start to the summary.
+"""Where a run's wall time went: summary.json's `goodput` (the whole training, every run of the
+workdir) and `goodput_this_run` (from this process's start to the summary).
 
 Each second is booked once, by the clock (trainer/observe/clock.py), in the phase it is spent in, and
 each phase has its category (no category is the rest of another): start-up (imports, building, init,
 opening the data), restore, compile, productive steps, data wait (the loop waiting for its next
 batch), checkpoint blocking (the loop's share of saving: the rest is written in the background),
-evaluation, profiling (starting, stopping and reading back the profile window's trace), and steps
-trained again: `lost_to_restarts` (steps an earlier run of this workdir had trained already, known
-from the `batch` field of its metrics rows: up to log_every - 1 unlogged steps before a kill count
-as productive; process 0 knows, the others count none) and `lost_to_rollbacks` (steps a NaN rollback
-threw away). `unaccounted` is the wall time minus their sum: a few hundredths at most.
+evaluation, hooks (the experiment's periodic work), profiling (starting, stopping and reading back the
+profile window's trace), `lost_to_rollbacks` (steps a NaN rollback threw away) and
+`lost_to_restarts`. `unaccounted` is the wall time minus their sum: a few hundredths at most.
+
+The clock is saved with every checkpoint (its `clock`, beside the data position; the local tier's
+copies too): every run's seconds up to the save, the wall time, and when it was saved. A run that
+resumes from it starts its ledger there, on every process, and books the time from that save to its
+own start as `lost_to_restarts`: the work done after the save and thrown away, and the downtime;
+unless the run that saved it had ended there (its last step, or a stop on a signal), which is a new
+session, not a loss.
 """
 
 import time
@@ -20,18 +26,38 @@ class Ledger:
   def __init__(self, started: float):
     """`started`: when this run's process started (time.time())."""
     self.started = started
-    self.trained_before = -1  # The last global batch an earlier run of this workdir logged as trained.
-    self.seconds = dict.fromkeys(CATEGORIES, 0.0)
+    self.seconds = dict.fromkeys(CATEGORIES, 0.0)  # This run's.
+    self.before, self.wall_before = dict.fromkeys(CATEGORIES, 0.0), 0.0  # Earlier runs', from a checkpoint.
     self._steps: dict[int, tuple[str, float]] = {}  # Step -> (category, seconds), for rollbacks.
+
+  def resume(self, clock: dict | None) -> None:
+    """Earlier runs' time, from the clock saved with the checkpoint this run starts from (None: a
+    checkpoint written before clocks were saved, or a fresh start)."""
+    if not clock:
+      return
+    self.before = {k: float(clock["seconds"].get(k, 0.0)) for k in CATEGORIES}
+    gap = 0.0 if clock.get("ended") else max(self.started - clock["saved_at"], 0.0)
+    self.before["lost_to_restarts"] += gap
+    self.wall_before = clock["wall_s"] + gap
+
+  def snapshot(self, pending: dict, ended: bool) -> dict:
+    """The clock a checkpoint saves: every run's seconds so far (`pending`: the phases still open)."""
+    now = time.time()
+    seconds = {k: round(self.before[k] + self.seconds[k] + pending.get(k, 0.0), 4) for k in CATEGORIES}
+    return {
+      "seconds": seconds,
+      "wall_s": self.wall_before + now - self.started,
+      "saved_at": now,
+      "ended": ended,
+    }
 
   def add(self, category: str, seconds: float) -> None:
     self.seconds[category] += seconds
 
-  def step(self, step: int, batch: int, seconds: float) -> None:
-    """The time of `step` (trained on global batch `batch`), beyond its data wait, saving and evaluating."""
-    category = "lost_to_restarts" if batch <= self.trained_before else "productive_steps"
-    self.seconds[category] += seconds
-    self._steps[step] = (category, seconds)
+  def step(self, step: int, seconds: float) -> None:
+    """The time of `step`, beyond its data wait, saving and evaluating."""
+    self.seconds["productive_steps"] += seconds
+    self._steps[step] = ("productive_steps", seconds)
 
   def saved(self, step: int) -> None:
     """A checkpoint at `step`: no rollback goes before it, so earlier steps' records can go."""
@@ -44,13 +70,15 @@ class Ledger:
       self.seconds[category] -= seconds
       self.seconds["lost_to_rollbacks"] += seconds
 
-  def split(self) -> dict:
-    """{category: seconds, ..., wall_s, unaccounted_s, goodput}: goodput is productive / wall."""
-    wall = time.time() - self.started
-    out = {k: round(v, 4) for k, v in self.seconds.items()}
+  def split(self, whole: bool = True) -> dict:
+    """{category: seconds, ..., wall_s, unaccounted_s, goodput} of the whole training (every run of
+    the workdir), or of this run alone; goodput is productive / wall."""
+    wall = time.time() - self.started + (self.wall_before if whole else 0.0)
+    seconds = {k: v + (self.before[k] if whole else 0.0) for k, v in self.seconds.items()}
+    out = {k: round(v, 4) for k, v in seconds.items()}
     out["wall_s"] = round(wall, 4)
-    out["unaccounted_s"] = round(wall - sum(self.seconds.values()), 4)
-    out["goodput"] = round(self.seconds["productive_steps"] / wall, 4) if wall > 0 else None
+    out["unaccounted_s"] = round(wall - sum(seconds.values()), 4)
+    out["goodput"] = round(seconds["productive_steps"] / wall, 4) if wall > 0 else None
     return out
 
 

@@ -31,22 +31,19 @@ def _is_eval_row(row: dict) -> bool:
   return any(k.startswith("eval_") for k in row)
 
 
-def truncate_jsonl(path: str, after_step: int, drop_eval_at: int | None = None) -> int | None:
+def truncate_jsonl(path: str, after_step: int, drop_eval_at: int | None = None) -> None:
   """Drops rows past `after_step` (a resumed run trains those steps again), the eval row at
   `drop_eval_at` (an evaluation done again) and a line torn by a kill mid-write. Atomic: a kill during
-  the rewrite leaves the old file, never a shorter one. Returns the highest `batch` any train row
-  named, dropped ones included: what earlier runs had trained."""
+  the rewrite leaves the old file, never a shorter one."""
   if not os.path.exists(path):
-    return None
-  rows, batches = [], [-1]
+    return
+  rows = []
   for row in rundir.read_jsonl(path):
-    batches.append(row.get("batch", -1))
     if row.get("step", 0) <= after_step and not (row.get("step") == drop_eval_at and _is_eval_row(row)):
       rows.append(json.dumps(row) + "\n")
   with open(path + ".tmp", "w") as f:
     f.writelines(rows)
   os.replace(path + ".tmp", path)
-  return max(batches) if max(batches) >= 0 else None
 
 
 class MetricsLog:
@@ -67,10 +64,9 @@ class MetricsLog:
     truncate_jsonl(self._process_path, resume_step)
     self._process = open(self._process_path, "a")
     self._metrics = self._tb = None
-    self.trained_before = None  # The last global batch an earlier run logged (process 0 knows).
     if self.is_main:
       path = rundir.metrics(workdir)
-      self.trained_before = truncate_jsonl(path, resume_step, drop_eval_at)
+      truncate_jsonl(path, resume_step, drop_eval_at)
       self._metrics = open(path, "a")
       self._tb = self._tensorboard(resume_step)
       processes = jax.process_count()

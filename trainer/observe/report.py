@@ -8,7 +8,7 @@ breakdown and the goodput split, as PNGs in WORKDIR/report (or --out):
 - throughput.png: the experiment's unit per second per logged window (and TFLOP/s per device).
 - step_time.png: per process (processes/process_I.jsonl), seconds per step by where the host spent
   them: waiting for data, dispatching, waiting for the devices, blocked saving, evaluating.
-- goodput.png: summary.json's split of the last run's wall time (trainer/observe/goodput.py).
+- goodput.png: summary.json's split of every run's wall time, restarts included (trainer/observe/goodput.py).
 Reads only the files; needs no JAX. Every plot's title carries summary.json's device label.
 """
 
@@ -126,9 +126,7 @@ def plot(workdir: str, out: str) -> list[str]:
       if width > 0:
         ax.barh([0], [width], left=left, label=f"{category.replace('_', ' ')} {width:.1f} s")
         left += width
-    ax.set(
-      xlabel="seconds", yticks=[], title=f"the last run's wall time: goodput {100 * split['goodput']:.0f}%"
-    )
+    ax.set(xlabel="seconds", yticks=[], title=f"every run's wall time: goodput {100 * split['goodput']:.0f}%")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     save(fig, "goodput.png")
   return written
