@@ -174,10 +174,7 @@ class Decoder(nnx.Module):
       mask = positions[:, :, None] >= positions[:, None, :]
       if segment_ids is not None:
         mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
-    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.compute_dtype)
-    if self.scale_embed:
-      x = x * jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype))
-    x = constrain(x, ("batch", "act_seq", "act_embed"))
+    x = constrain(self.embed_tokens(tokens), ("batch", "act_seq", "act_embed"))
     aux = moe_lib.zero_aux(self.num_experts) if self.num_experts else None
 
     def block_fn(block, carry):
@@ -203,6 +200,11 @@ class Decoder(nnx.Module):
     if order is not None:  # Back to the sequence's order, for the loss and whoever reads the states.
       x = constrain(jnp.take(x, np.argsort(order), axis=1), ("batch", "act_seq", "act_embed"))
     return self.final_norm(x), aux
+
+  def embed_tokens(self, tokens):
+    """Tokens [B, L] -> embeddings [B, L, D] in the compute dtype (a tied table's scaled back up)."""
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(self.compute_dtype)
+    return x * jnp.sqrt(jnp.asarray(x.shape[-1], x.dtype)) if self.scale_embed else x
 
   def logits(self, h):
     """Hidden states [..., D] -> float32 logits [..., V]."""

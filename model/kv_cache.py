@@ -1,0 +1,115 @@
+"""Generation with a key/value cache for model/transformer.Decoder: the prompt runs through the blocks
+once (prefill), each block keeping its keys and values for every position to come; then each new
+token runs alone, attending to what the cache holds. A sequence of P + N tokens costs one pass over P
+and N one-token passes, where model/sample.generate reruns the whole sequence for every new token.
+
+The attention is the `einsum` implementation's (scores and softmax in float32), so in float32 the
+logits equal the full forward pass's within rounding and greedy tokens are the same
+(tests/test_sample.py). A mixture of experts with capacity routing computes its capacity from the
+tokens of one step, so a token the full pass would drop for lack of room may be kept here: use
+`model.moe.routing=dropless` where the two must agree. One device, no context axis: for sampling and
+evaluation, not for training.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from model import moe as moe_lib
+from model.layers import rope, rope_frequencies
+
+
+def blocks(decoder) -> list:
+  """The decoder's blocks in order, one module each (a scanned stack sliced into its layers)."""
+  if not decoder.scan_layers:
+    return list(decoder.blocks)
+  out = []
+  for stack in (getattr(decoder, "dense_layers", None), decoder.layers):
+    if stack is not None:
+      graphdef, state = nnx.split(stack)
+      n = jax.tree.leaves(state)[0].shape[0]
+      out += [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state)) for i in range(n)]
+  return out
+
+
+def _attend(attn, x, positions, cache: tuple, start):
+  """The block's attention for x [B, T, D] at `positions` [B, T], its keys and values written into the
+  cache ([B, S, G, K] each) at `start`; each query sees the cached positions up to its own."""
+  dt = x.dtype
+  q = jnp.einsum("bld,dhk->blhk", x, attn.wq[...].astype(dt))
+  k = jnp.einsum("bld,dgk->blgk", x, attn.wk[...].astype(dt))
+  v = jnp.einsum("bld,dgk->blgk", x, attn.wv[...].astype(dt))
+  if attn.qk_norm:
+    q, k = attn.q_norm(q), attn.k_norm(k)
+  freq = rope_frequencies(q.shape[-1], attn.rope_base, attn.rope_scaling)
+  q, k = rope(q, positions, freq), rope(k, positions, freq)
+  keys = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, start, 0, 0))
+  values = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, start, 0, 0))
+  b, t, h, d = q.shape
+  g = keys.shape[2]
+  q = q.reshape(b, t, g, h // g, d)  # Query head i belongs to key/value group i // (h / g).
+  scores = jnp.einsum("btgrk,bsgk->bgrts", q, keys.astype(dt), preferred_element_type=jnp.float32)
+  scores = scores / jnp.sqrt(d)
+  visible = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
+  scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+  out = jnp.einsum("bgrts,bsgk->btgrk", probs, values.astype(dt)).reshape(b, t, h, d)
+  return jnp.einsum("blhk,hkd->bld", out, attn.wo[...].astype(dt)), (keys, values)
+
+
+def forward(decoder, layers: list, tokens, positions, caches: list, start):
+  """Logits [B, T, V] of `tokens` [B, T] at `positions`, and the caches with their keys and values."""
+  x = decoder.embed_tokens(tokens)
+  written = []
+  for block, cache in zip(layers, caches, strict=True):
+    a, cache = _attend(block.attn, block.attn_norm(x), positions, cache, start)
+    x = x + a
+    h = block.mlp_norm(x)
+    x = x + (block.mlp(h)[0] if isinstance(block.mlp, moe_lib.MoE) else block.mlp(h))
+    written.append(cache)
+  return decoder.logits(decoder.final_norm(x)), written
+
+
+def empty_caches(layers: list, batch: int, length: int, dtype) -> list:
+  """Zeroed keys and values [B, S, G, K] for each block."""
+  shape = lambda a: (batch, length, a.wk.shape[1], a.wk.shape[2])
+  return [(jnp.zeros(shape(b.attn), dtype), jnp.zeros(shape(b.attn), dtype)) for b in layers]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 6, 7))
+def _generate(graphdef, state, prompt, new_tokens: int, temperature: float, key, vocab_size: int, banned):
+  model = nnx.merge(graphdef, state)
+  layers = blocks(model)
+  b, p = prompt.shape
+  total = p + new_tokens
+  caches = empty_caches(layers, b, total, model.compute_dtype)
+  positions = jnp.broadcast_to(jnp.arange(p), (b, p))
+  logits, caches = forward(model, layers, prompt, positions, caches, 0)
+  allowed = jnp.arange(logits.shape[-1]) < vocab_size
+  for i in banned:
+    allowed = allowed.at[i].set(False)
+  tokens = jnp.zeros((b, total), jnp.int32).at[:, :p].set(prompt)
+
+  def body(t, carry):
+    tokens, last, caches, key = carry
+    logits = jnp.where(allowed, last, -jnp.inf)
+    key, draw = jax.random.split(key)
+    if temperature > 0:
+      nxt = jax.random.categorical(draw, logits / temperature, axis=-1)
+    else:
+      nxt = jnp.argmax(logits, axis=-1)
+    tokens = tokens.at[:, t].set(nxt.astype(jnp.int32))
+    token = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)
+    step_logits, caches = forward(model, layers, token, jnp.full((b, 1), t), caches, t)
+    return tokens, step_logits[:, 0], caches, key
+
+  return jax.lax.fori_loop(p, total, body, (tokens, logits[:, -1], caches, key))[0]
+
+
+def generate(model, prompt, new_tokens: int, temperature: float, key, vocab_size: int, banned=()):
+  """prompt int32[B, P] -> int32[B, P + new_tokens], as model/sample.generate draws them (the same
+  greedy tokens), with a key/value cache."""
+  graphdef, state = nnx.split(model)
+  return _generate(graphdef, state, prompt, new_tokens, temperature, key, vocab_size, tuple(banned))
