@@ -144,12 +144,17 @@ def module_name(name: str) -> str:
   return name
 
 
+# Command-line tools beside the experiments: `python -m experiments.new` forks one, `experiments.sample`
+# reads text from a trained language model.
+TOOLS = ("new", "sample")
+
+
 def available() -> list[str]:
   names = []
   for entry in sorted(os.listdir(_HERE)):
     stem = entry[:-3] if entry.endswith(".py") else entry
     is_module = entry.endswith(".py") or os.path.isfile(os.path.join(_HERE, entry, "__init__.py"))
-    if is_module and not stem.startswith("_") and stem != "new" and not stem.endswith("_keys"):
+    if is_module and not stem.startswith("_") and stem not in TOOLS and not stem.endswith("_keys"):
       names.append(stem)
   return names
 

@@ -96,3 +96,10 @@ def test_the_trainer_folders_import_each_other_one_way():
       if i in graph and here and there and here != there:
         edges.setdefault(here, set()).add(there)
   _assert_acyclic(edges, "folder")
+
+
+def test_model_imports_nothing_of_the_trainer():
+  """model/ sits below the trainer: what reads a run (experiments/sample.py) lives above it."""
+  for path in glob.glob(os.path.join(REPO, "model", "*.py")):
+    up = [i for i in _imports(path, set()) if i == "trainer" or i.startswith("trainer.")]
+    assert not up, (path, up)

@@ -7,8 +7,8 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from data import prepare, synthetic
-from model.sample import main as sample_main
-from model.sample import sampler
+from experiments.sample import main as sample_main
+from experiments.sample import sampler
 from tests.conftest import tiny_config, train_losses
 from trainer.modes.export import load, named_tensors
 from trainer.modes.export import main as export_main
