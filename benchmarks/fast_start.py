@@ -27,7 +27,7 @@ def launch_to_first_row(config: str, workdir: str, cache_home: str, extra: list[
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   env["XDG_CACHE_HOME"] = cache_home  # The default cache, under a folder of our own.
   argv = [sys.executable, "main.py", f"--config={config}", f"--workdir={workdir}", "--cpu_devices=8"]
-  argv += ["--config.steps=3", "--config.log_every=1", "--config.eval_steps=0", *extra]
+  argv += ["--config.steps=3", "--config.log_every=1", "--config.eval_every=0", *extra]
   start = time.time()
   subprocess.run(argv, cwd=REPO, env=env, check=True, capture_output=True, timeout=900)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
