@@ -40,18 +40,22 @@ def test_hooks_run_on_their_cadence_with_the_state_and_write_rows_text_and_image
     lambda config: [
       hooks.Hook("sample", sample, every=2),
       hooks.Hook("picture", picture, every=3, on="process_0"),
+      # By the clock, on logging steps: every step outlasts 1 ms, so each one after the first.
+      hooks.Hook("clock", lambda ctx: ctx.writer.scalar("step", ctx.step), every_s=1e-3),
     ],
     raising=False,
   )
-  summary = train(tiny_config(), str(tmp_path))
+  summary = train(tiny_config(log_every=2), str(tmp_path))
   assert [s for s, _ in seen] == [2, 4, 6] and seen[0][1] == (1, 4, 32)
   rows = _hook_rows(tmp_path)
   assert [(r["step"], r["hook"]) for r in rows] == [
     (2, "sample"),
     (3, "picture"),
     (4, "sample"),
+    (4, "clock"),
     (6, "sample"),
     (6, "picture"),
+    (6, "clock"),
   ]
   assert rows[0]["sample/note"] == "step 2" and isinstance(rows[0]["sample/logit_mean"], float)
   assert os.path.exists(tmp_path / rows[1]["picture/grid"])  # A PNG under WORKDIR/hooks/picture/.

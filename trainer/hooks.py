@@ -106,19 +106,20 @@ def load(experiment, config) -> list[Hook]:
   for h in hooks:
     if not isinstance(h, Hook):
       raise UserError(f"{experiment.__name__}.hooks() returned {h!r}: each must be a trainer.hooks.Hook")
-    problem = (
-      "its name is used twice"
-      if h.name in names
-      else "on must be 'all' or 'process_0'"
-      if h.on not in ("all", "process_0")
-      else "every and every_s must be >= 0, and one of them > 0"
-      if h.every < 0 or h.every_s < 0 or not (h.every or h.every_s)
-      else None
-    )
-    if problem:
+    if problem := _problem(h, names):
       raise UserError(f"hook {h.name!r} of {experiment.__name__}: {problem}")
     names.add(h.name)
   return hooks
+
+
+def _problem(hook: Hook, names: set) -> str | None:
+  if hook.name in names:
+    return "its name is used twice"
+  if hook.on not in ("all", "process_0"):
+    return "on must be 'all' or 'process_0'"
+  if hook.every < 0 or hook.every_s < 0 or not (hook.every or hook.every_s):
+    return "every and every_s must be >= 0, and one of them > 0"
+  return None
 
 
 class Hooks:

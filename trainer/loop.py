@@ -181,9 +181,8 @@ class Loop:
         run.ckpt.save(step, self.state, position, config, run.meta)  # Async: written in the background.
       self.clock.ledger.saved(step)
       self.timed_saves.ran()
-    if log_now:  # Whether the next logging step saves by the clock, decided now (process 0).
-      self.timed_saves.decide(step)
     if log_now:
+      self.timed_saves.decide(step)  # Whether the next logging step saves by the clock (process 0).
       self._log(step, t, metrics, device_wait_s)
     if itstime(step, config.eval_every) and step != config.steps:
       self.eval_row = self.evaluate(step)
