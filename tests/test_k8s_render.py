@@ -270,7 +270,7 @@ def test_user_error_exit_fails_the_jobset_instead_of_restarting_it():
   [rule] = _job(jobset, "worker")["template"]["spec"]["podFailurePolicy"]["rules"]
   assert rule == {
     "action": "FailJob",
-    "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 4, 5, 6, 7]},
+    "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 4, 5, 6, 7, 8]},
   }
   [js_rule] = jobset["spec"]["failurePolicy"]["rules"]
   assert js_rule["action"] == "FailJobSet" and js_rule["onJobFailureReasons"] == ["PodFailurePolicy"]

@@ -85,7 +85,7 @@ TABLE = (
     HOOK_EXIT,
     "an experiment's hook raised",
     False,
-    "fix the hook its `error:` line names (the experiment's hooks()); the step it ran at was saved",
+    "fix the hook its `error:` line names (in the experiment's hooks); the step it ran at was saved",
   ),
   ExitCode(
     INTERRUPTED_EXIT, "stopped by SIGINT", True, "nothing: a restart resumes from the newest checkpoint"
