@@ -172,7 +172,9 @@ class Loop:
             run.local.discard_after(run.ckpt.manager.latest_step() or 0)
           raise
     if copy_now:  # The local and peer tiers: copied on the devices now, the rest in the background.
-      run.local.wait_for_devices()  # For the step the previous copy copies: the devices' time, the step's.
+      # The previous copy first: its thread waits for its step, then writes while the devices run the
+      # next one (queued already), so this wait is the pipeline's, booked with the step.
+      run.local.wait()
       with self.clock.phase("checkpoint", step):
         position = self._position(step, ended=False)
         run.local.save(step, self.state, position, checked, self.window.unchecked_flags())

@@ -63,7 +63,6 @@ class LocalTier:
     self.root = os.path.join(local_dir, f"process_{self.me}")
     self.own = os.path.join(self.root, "own")
     self._thread: threading.Thread | None = None
-    self._box: list = []
     self._released, self._kept = threading.Event(), False
     self._error: BaseException | None = None
     self.last_write_s = 0.0
@@ -90,15 +89,9 @@ class LocalTier:
     record = {"step": step, "position": position, "config": self.config_json}
     manifest = {"step": step, "process": self.me, "processes": self.processes, "checked": checked}
     self._released, self._kept = threading.Event(), False
-    self._box = [on_devices]  # The thread empties it: the device memory is freed once on the host.
-    args = (self._box, finite_flags, record, manifest)
+    args = ([on_devices], finite_flags, record, manifest)  # A box the thread empties: memory freed early.
     self._thread = threading.Thread(target=self._write, args=args, daemon=True)
     self._thread.start()
-
-  def wait_for_devices(self) -> None:
-    """Waits for the step the copy in flight copies to have run: the loop's wait for its devices,
-    which the step's phase books, apart from the wait for the copy's own work in save()."""
-    jax.block_until_ready(list(self._box))
 
   def release(self) -> None:
     """The step's rows are written: its copy may become whole (written and sent)."""
