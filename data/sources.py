@@ -29,6 +29,8 @@ class DataSources:
   # rows and wherever an element must not count. A picklable callable (Grain worker processes call it).
   make_batch: Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
   loss_floor: float | None = None  # Lowest reachable loss when known (e.g. synthetic data), else None.
+  # More held-out sets by name (each data set of a mixture, say), evaluated like `eval`: eval_NAME_loss.
+  eval_sets: dict = dataclasses.field(default_factory=dict)
 
 
 def recipe_fingerprint(kind: str, recipe: list, order: int | None = None) -> str:

@@ -52,6 +52,14 @@ def check_config(config) -> None:
     )
   if m.attention == "cudnn" and jax.default_backend() != "gpu":
     raise UserError(f"model.attention='cudnn' needs GPUs (this run has {jax.default_backend()}): use 'xla'")
+  d = config.data
+  if d.eval_tasks and d.source == "synthetic":
+    raise UserError("data.eval_tasks needs text data with a tokenizer: the synthetic source has none")
+  if d.eval_tasks and d.eval_max_new_tokens >= d.seq_len:
+    raise UserError(
+      f"data.eval_max_new_tokens={d.eval_max_new_tokens} must be below data.seq_len={d.seq_len}: "
+      "the context takes the rest"
+    )
   context = config.mesh.context
   if context != 1 and m.attention not in ("flash", "auto"):
     raise UserError(
@@ -231,6 +239,13 @@ def export_hf(run, out: str, weights: dict) -> list[str]:
 EXPORT_FORMATS = {"hf": export_hf}
 
 
+def evaluators(config) -> list:
+  """data.eval_tasks: multiple-choice and exact-match tasks, scored as lm-eval-harness scores them."""
+  from experiments import _lm_tasks
+
+  return _lm_tasks.evaluators(config)
+
+
 def data_sources(config) -> DataSources:
   d = config.data
   if d.source == "synthetic":
@@ -319,6 +334,11 @@ def _mixture(config) -> DataSources:
     eval=split("eval"),
     fingerprint=recipe_fingerprint("mixture", recipe, order=mixture.ORDER),
     make_batch=_make_batch(metas[0], d.packing),
+    eval_sets={  # Each data set's own held-out loss: eval_NAME_loss.
+      name: arrayrecord.ArrayRecordSource(path, "eval", d.seq_len)
+      for name, (path, _), m in zip(mixture.names(d.mixture), parts, metas, strict=True)
+      if m["num_records"]["eval"]
+    },
   )
 
 

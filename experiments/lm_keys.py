@@ -29,6 +29,16 @@ KEYS = {
   "data.seq_len": Key(
     64, whole(1), keys.DATA, "Tokens per example the model sees (records hold seq_len + 1)."
   ),
+  "data.eval_tasks": Key(
+    "",
+    text,
+    keys.FREE,
+    "Local JSON Lines tasks 'PATH,PATH' scored at every evaluation as lm-eval-harness scores them: "
+    "multiple-choice eval_NAME_acc, greedy exact match eval_NAME_exact_match (experiments/_lm_tasks.py).",
+  ),
+  "data.eval_max_new_tokens": Key(
+    16, whole(1), keys.FREE, "Exact-match tasks: at most this many tokens generated (lm-eval's max_gen_toks)."
+  ),
   "data.vocab_size": Key(64, whole(2, 4096), keys.DATA, "Synthetic: vocabulary of the Markov chain."),
   "data.markov_concentration": Key(
     0.1,

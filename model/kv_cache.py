@@ -113,3 +113,60 @@ def generate(model, prompt, new_tokens: int, temperature: float, key, vocab_size
   greedy tokens), with a key/value cache."""
   graphdef, state = nnx.split(model)
   return _generate(graphdef, state, prompt, new_tokens, temperature, key, vocab_size, tuple(banned))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _token_logprobs(graphdef, state, tokens):
+  model = nnx.merge(graphdef, state)
+  layers = blocks(model)
+  b, length = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(length), (b, length))
+  logits, _ = forward(
+    model, layers, tokens, positions, empty_caches(layers, b, length, model.compute_dtype), 0
+  )
+  logits = logits[:, :-1].astype(jnp.float32)
+  targets = tokens[:, 1:]
+  picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+  return picked, jnp.argmax(logits, axis=-1) == targets
+
+
+def token_logprobs(model, tokens):
+  """tokens int32[B, L] -> (log p(tokens[:, t + 1] | tokens[:, :t + 1]) float32[B, L - 1], whether each
+  is the greedy choice bool[B, L - 1]). Causal: what follows a row's last real token never changes its
+  earlier entries, so rows may be padded on the right. The weights may be sharded (under jit: the
+  compiler partitions it); the results may be too (multihost_utils.process_allgather reads them)."""
+  graphdef, state = nnx.split(model)
+  return _token_logprobs(graphdef, state, tokens)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _greedy(graphdef, state, prompts, lengths, new_tokens: int):
+  model = nnx.merge(graphdef, state)
+  layers = blocks(model)
+  p = prompts.shape[1]
+
+  def one(prompt, length):
+    # Slots from `length` on hold the padding's keys until generation overwrites them, one per step,
+    # before any query can see them (each sees the slots up to its own position).
+    caches = empty_caches(layers, 1, p + new_tokens, model.compute_dtype)
+    logits, caches = forward(model, layers, prompt[None], jnp.arange(p)[None], caches, 0)
+
+    def body(t, carry):
+      out, last, caches = carry
+      nxt = jnp.argmax(last).astype(jnp.int32)
+      at = length + t
+      logits, caches = forward(model, layers, nxt.reshape(1, 1), at.reshape(1, 1), caches, at)
+      return out.at[t].set(nxt), logits[0, 0], caches
+
+    first = jax.lax.dynamic_index_in_dim(logits[0], length - 1, keepdims=False)
+    return jax.lax.fori_loop(0, new_tokens, body, (jnp.zeros(new_tokens, jnp.int32), first, caches))[0]
+
+  return jax.vmap(one)(prompts, lengths)
+
+
+def greedy(model, prompts, lengths, new_tokens: int):
+  """Greedy continuations int32[B, new_tokens] of prompts int32[B, P] padded on the right, row b's
+  prompt being its first lengths[b] tokens: prompts of different lengths in one batch (for evaluation,
+  where transformers' generate(do_sample=False) is the reference: no token is banned)."""
+  graphdef, state = nnx.split(model)
+  return _greedy(graphdef, state, prompts, lengths, new_tokens)

@@ -169,6 +169,20 @@ def build_for_compile(config, devices=None) -> tuple[Components, dict]:
 
 def local_batches(comp: Components, split: str = "train") -> pipeline.LocalBatches:
   """This process's rows of the train (or held-out) global batches, made by the experiment."""
-  rows = pipeline.process_rows(comp.batch_sharding, comp.plan.global_batch_size)
   source, plan = (comp.sources.train, comp.plan) if split == "train" else (comp.sources.eval, comp.eval_plan)
+  return _local(comp, source, plan)
+
+
+def held_out_batches(comp: Components) -> dict[str, tuple[pipeline.LocalBatches, BatchPlan]]:
+  """{name: (this process's rows of its batches, its order)} of every held-out set: "" the experiment's
+  `eval`, then its named `eval_sets`, in order, never shuffled."""
+  out = {"": (local_batches(comp, "eval"), comp.eval_plan)}
+  for name, source in comp.sources.eval_sets.items():
+    plan = BatchPlan(max(len(source), 1), comp.plan.global_batch_size, comp.plan.seed, shuffle=False)
+    out[name] = (_local(comp, source, plan), plan)
+  return out
+
+
+def _local(comp: Components, source, plan: BatchPlan) -> pipeline.LocalBatches:
+  rows = pipeline.process_rows(comp.batch_sharding, comp.plan.global_batch_size)
   return pipeline.LocalBatches(source, plan, rows, comp.sources.make_batch)

@@ -1,6 +1,7 @@
 """Held-out evaluation: in the training loop, and as --mode=eval on a run's newest checkpoint."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -11,6 +12,7 @@ from trainer import components, rundir
 from trainer import state as state_lib
 from trainer.checkpoint import store
 from trainer.cluster.watchdog import Watchdog
+from trainer.hooks import HookContext, call, load_evaluators
 from trainer.observe.metrics import console, device_label, eval_line
 from trainer.step import make_eval_step
 
@@ -25,29 +27,68 @@ def weight_sets(experiment, state) -> dict[str, tuple]:
   return sets | ({"ema": (state.ema, state.variables)} if state.ema else {})
 
 
-def evaluate(comp: components.Components, eval_step, state, config) -> dict:
-  """Held-out loss over up to `eval_steps` batches, for each weight set: sums and counts added up,
-  divided once (eval_loss, and eval_ema_loss for the set "ema"). Never wraps around: when the
-  held-out set is smaller, each of its examples counts once."""
-  local = components.local_batches(comp, "eval")
-  batches = min(config.eval_steps, comp.eval_plan.batches_per_epoch)
+def evaluate(comp: components.Components, eval_step, state, config, step: int, evaluators=()) -> dict:
+  """Held-out loss over up to `eval_steps` batches of each held-out set, for each weight set: sums and
+  counts added up, divided once (eval_loss, eval_ema_loss for the set "ema", eval_NAME_loss for the
+  experiment's held-out set NAME); then the evaluators (trainer/hooks.Evaluator), eval_NAME_METRIC.
+  Never wraps around: when a held-out set is smaller, each of its examples counts once."""
   sets = weight_sets(comp.experiment, state)
-  totals = dict.fromkeys(sets)
-  for t in range(batches):
-    batch = pipeline.to_global(local(t), comp.batch_sharding, comp.plan.global_batch_size)
-    for name, (params, variables) in sets.items():
-      with jax.set_mesh(comp.mesh):
-        sums = eval_step(params, variables, batch)
-      totals[name] = sums if totals[name] is None else jax.tree.map(np.add, totals[name], sums)
   row = {}
-  for name, sums in jax.device_get(totals).items():
-    count = float(sums.pop("count"))
-    if count == 0:
-      raise UserError(
-        f"the held-out data has no valid elements in its first {batches} batches (all weights 0)"
-      )
-    row.update({f"eval_{name + '_' if name else ''}{k}": float(v) / count for k, v in sums.items()})
-  return row | {"eval_examples": comp.eval_plan.examples_before(batches)}
+  for heldout, (local, plan) in components.held_out_batches(comp).items():
+    batches = min(config.eval_steps, plan.batches_per_epoch)
+    prefix = f"eval_{heldout}_" if heldout else "eval_"
+    for name, sums in _loss_sums(comp, eval_step, sets, local, batches).items():
+      count = float(sums.pop("count"))
+      if count == 0:
+        where = f"held-out set {heldout!r}" if heldout else "held-out data"
+        raise UserError(f"the {where} has no valid elements in its first {batches} batches (all weights 0)")
+      row.update({f"{prefix}{name + '_' if name else ''}{k}": float(v) / count for k, v in sums.items()})
+    row[f"{prefix}examples"] = plan.examples_before(batches)
+  for e in evaluators:
+    row.update(_run_evaluator(comp, e, sets, config, step))
+  return row
+
+
+def _loss_sums(comp, eval_step, sets: dict, local, batches: int) -> dict:
+  """{weight set: summed loss, count and metrics} over held-out batches 0..batches-1, the next batch
+  read while the devices work on this one."""
+  totals = dict.fromkeys(sets)
+  with ThreadPoolExecutor(1) as reader:
+    ahead = reader.submit(local, 0)
+    for t in range(batches):
+      rows = ahead.result()
+      if t + 1 < batches:
+        ahead = reader.submit(local, t + 1)
+      batch = pipeline.to_global(rows, comp.batch_sharding, comp.plan.global_batch_size)
+      for name, (params, variables) in sets.items():
+        with jax.set_mesh(comp.mesh):
+          sums = eval_step(params, variables, batch)
+        totals[name] = sums if totals[name] is None else jax.tree.map(np.add, totals[name], sums)
+  return jax.device_get(totals)
+
+
+def _run_evaluator(comp, evaluator, sets: dict, config, step: int) -> dict:
+  """One evaluator on each weight set: {eval_[SET_]NAME_METRIC: value} where it ran."""
+  row = {}
+  for name, (params, variables) in sets.items():
+
+    def body(params, variables, ema):
+      ctx = HookContext(step, params, variables, ema, config, None, comp.mdef)
+      metrics = evaluator.fn(ctx)
+      if not isinstance(metrics, dict):
+        raise TypeError(f"returned {type(metrics).__name__}, not {{metric: number}}")
+      return {str(k): float(v) for k, v in metrics.items()}
+
+    what = f"evaluator {evaluator.name!r}"
+    metrics = call(what, evaluator.on, step, (params, variables, {}), config.watchdog.step_timeout_s, body)
+    prefix = f"eval_{name + '_' if name else ''}{evaluator.name}_"
+    row.update({prefix + k: v for k, v in (metrics or {}).items()})
+  return row
+
+
+def evaluators(comp: components.Components, config) -> list:
+  """The experiment's evaluators, their names apart from its held-out sets'."""
+  return load_evaluators(comp.experiment, config, taken=set(comp.sources.eval_sets) if comp.sources else ())
 
 
 def evaluate_checkpoint(config, workdir: str) -> dict:
@@ -70,7 +111,7 @@ def evaluate_checkpoint(config, workdir: str) -> dict:
     watchdog.beat("eval", restored.step, w.compile_timeout_s + w.step_timeout_s)  # Compiles, then runs.
     row = {
       "step": restored.step,
-      **evaluate(comp, make_eval_step(comp), restored.state, config),
+      **evaluate(comp, make_eval_step(comp), restored.state, config, restored.step, evaluators(comp, config)),
       "devices": device_label(),
     }
   finally:

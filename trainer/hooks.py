@@ -15,6 +15,7 @@ every process agrees first that it failed, so all of them save and stop together
 
 import dataclasses
 import os
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -38,6 +39,18 @@ class Hook:
   on: str = "all"  # "all" processes (collectives allowed) or "process_0" (host copies, process 0 only).
 
 
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+  """A named evaluation beside eval_loss (a downstream task, say), run at every evaluation (eval_every,
+  the final step, --mode=eval) on each weight set evaluation scores: fn(ctx) -> {metric: number}, in
+  the evaluation's row as eval_NAME_METRIC (eval_ema_NAME_METRIC for the params' average). ctx as a
+  hook's, with ctx.params the set's weights, ctx.ema {} and ctx.writer None."""
+
+  name: str  # A word (letters, digits, _): names the metrics and the error line.
+  fn: Callable[["HookContext"], dict]
+  on: str = "all"  # As Hook.on.
+
+
 @dataclasses.dataclass
 class HookContext:
   step: int
@@ -45,7 +58,7 @@ class HookContext:
   variables: Any  # The model's other variables, likewise.
   ema: Any  # The params' moving average, likewise ({}: ema.decay is 0).
   config: Any
-  writer: "HookWriter"
+  writer: "HookWriter | None"
   model_def: Any  # state.ModelDef: `ctx.model()` merges the weights back into the model.
 
   def model(self, ema: bool = False):
@@ -112,12 +125,31 @@ def load(experiment, config) -> list[Hook]:
   return hooks
 
 
-def _problem(hook: Hook, names: set) -> str | None:
+def load_evaluators(experiment, config, taken=()) -> list[Evaluator]:
+  """The experiment's evaluators, checked; `taken`: metric prefixes already in use (held-out sets)."""
+  make = getattr(experiment, "evaluators", None)
+  evaluators = list(make(config)) if make is not None else []
+  names = set(taken)
+  for e in evaluators:
+    if not isinstance(e, Evaluator):
+      raise UserError(
+        f"{experiment.__name__}.evaluators() returned {e!r}: each must be a trainer.hooks.Evaluator"
+      )
+    problem = _problem(e, names) or (
+      None if re.fullmatch(r"\w+", e.name, re.ASCII) else "name it with a word"
+    )
+    if problem:
+      raise UserError(f"evaluator {e.name!r} of {experiment.__name__}: {problem}")
+    names.add(e.name)
+  return evaluators
+
+
+def _problem(hook: Hook | Evaluator, names: set) -> str | None:
   if hook.name in names:
     return "its name is used twice"
   if hook.on not in ("all", "process_0"):
     return "on must be 'all' or 'process_0'"
-  if hook.every < 0 or hook.every_s < 0 or not (hook.every or hook.every_s):
+  if isinstance(hook, Hook) and (hook.every < 0 or hook.every_s < 0 or not (hook.every or hook.every_s)):
     return "every and every_s must be >= 0, and one of them > 0"
   return None
 
@@ -146,21 +178,31 @@ class Hooks:
 
   def run(self, hook: Hook, step: int, state) -> None:
     """Runs `hook` at `step`; HookFailed on every process if it raised on any."""
-    weights = (state.params, state.variables, state.ema)
-    if hook.on == "process_0":  # A collective: every process takes part, process 0 keeps the copies.
-      weights = multihost_utils.process_allgather(weights, tiled=True)
     writer = HookWriter(hook.name, step, self.log, self.workdir)
-    error = None
-    if hook.on == "all" or jax.process_index() == 0:
-      try:
-        ctx = HookContext(step, *weights, config=self.config, writer=writer, model_def=self.model_def)
-        hook.fn(ctx)
-        writer.flush()
-      except Exception as e:  # noqa: BLE001 - the fork's code: any error ends the run with its name.
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        error = (
-          f"hook {hook.name!r} raised at step {step}: {type(e).__name__}: {e} "
-          f"({os.path.relpath(where.filename)}:{where.lineno})"
-        )
-    if not multihost.all_agree(f"hook_{hook.name}_{step}", error is None, self.timeout_s):
-      raise HookFailed(error or f"hook {hook.name!r} raised on another process at step {step}")
+
+    def body(params, variables, ema):
+      hook.fn(HookContext(step, params, variables, ema, self.config, writer, self.model_def))
+      writer.flush()
+
+    call(
+      f"hook {hook.name!r}", hook.on, step, (state.params, state.variables, state.ema), self.timeout_s, body
+    )
+
+
+def call(what: str, on: str, step: int, weights: tuple, timeout_s: float, body):
+  """body(*weights) of a hook or an evaluator (`what` names it) on the processes `on` says; its value,
+  None where it did not run. HookFailed on every process if it raised on any: they all agree first."""
+  if on == "process_0":  # A collective: every process takes part, process 0 keeps the copies.
+    weights = multihost_utils.process_allgather(weights, tiled=True)
+  error = value = None
+  if on == "all" or jax.process_index() == 0:
+    try:
+      value = body(*weights)
+    except Exception as e:  # noqa: BLE001 - the fork's code: any error ends the run with its name.
+      where = traceback.extract_tb(e.__traceback__)[-1]
+      at = f"{os.path.relpath(where.filename)}:{where.lineno}"
+      error = f"{what} raised at step {step}: {type(e).__name__}: {e} ({at})"
+  tag = "".join(c if c.isalnum() else "_" for c in what)
+  if not multihost.all_agree(f"{tag}_{step}", error is None, timeout_s):
+    raise HookFailed(error or f"{what} raised on another process at step {step}")
+  return value

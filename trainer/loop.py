@@ -5,6 +5,7 @@ save, an evaluation and a profile's read-back inside a step are booked as themse
 iteration as the step.
 """
 
+import contextlib
 import time
 
 import jax
@@ -15,7 +16,7 @@ from errors import UserError
 from trainer import hooks as hooks_lib
 from trainer.cadence import ByClock, itstime
 from trainer.checkpoint import restore, store
-from trainer.evaluate import evaluate
+from trainer.evaluate import evaluate, evaluators
 from trainer.observe import flops, profiling, recovery_time, straggler
 from trainer.observe.metrics import Window, console, eval_line, progress_line
 
@@ -46,6 +47,7 @@ class Loop:
     made = hooks_lib.load(run.comp.experiment, c)
     self.hooks = hooks_lib.Hooks(made, c, run.workdir, run.comp.mdef, run.log, c.watchdog.step_timeout_s)
     self.hooks.begin(self.start, self.rollbacks)
+    self.evaluators = evaluators(run.comp, c) if c.eval_steps else []
     self._new_window()
     self.batches = self._open_batches()
 
@@ -188,16 +190,12 @@ class Loop:
       self.timed_saves.decide(step)  # Whether the next logging step saves by the clock (process 0).
       self._log(step, t, metrics, device_wait_s)
     if itstime(step, config.eval_every) and step != config.steps:
-      self.eval_row = self.evaluate(step)
+      with self._saved_if_fork_code_fails(step, save_now):
+        self.eval_row = self.evaluate(step)
       console(f"step {step}/{config.steps}  {eval_line(self.eval_row)}")
     for hook in self.hooks.due(step, self.last_step):
-      with self.clock.phase("hooks", step):
-        try:
-          self.hooks.run(hook, step, self.state)
-        except hooks_lib.HookFailed:
-          if not save_now:  # Nothing is lost: every process saves this step, then stops.
-            run.ckpt.save(step, self.state, self._position(step, ended=True), config, run.meta)
-          raise
+      with self.clock.phase("hooks", step), self._saved_if_fork_code_fails(step, save_now):
+        self.hooks.run(hook, step, self.state)
     if log_now:
       self._new_window()
     if copy_now:  # The step's rows are written: its copy may become whole.
@@ -207,6 +205,17 @@ class Loop:
         row = self.profile.stop(self.state)
         run.log.write_process(row)
         profiling.print_table(row, config.watchdog.step_timeout_s, run.device_label)
+
+  @contextlib.contextmanager
+  def _saved_if_fork_code_fails(self, step: int, saved: bool):
+    """A hook or an evaluator that raises ends the run; nothing is lost: every process saves this
+    step (unless it just did), then stops."""
+    try:
+      yield
+    except hooks_lib.HookFailed:
+      if not saved:
+        self.run.ckpt.save(step, self.state, self._position(step, ended=True), self.config, self.run.meta)
+      raise
 
   def _position(self, step: int, ended: bool) -> dict:
     """What a checkpoint or copy of `step` saves beside the state: the data position and the clock
@@ -234,7 +243,7 @@ class Loop:
     """Evaluates and logs at step `at`; the first evaluation compiles the evaluation step."""
     w = self.config.watchdog
     with self.clock.phase("eval", at, w.step_timeout_s if self._eval_compiled else w.compile_timeout_s):
-      row = evaluate(self.run.comp, self.run.eval_step, self.state, self.config)
+      row = evaluate(self.run.comp, self.run.eval_step, self.state, self.config, at, self.evaluators)
     self._eval_compiled = True
     self.run.log.write({"step": at, "time": time.time(), **row})
     return row

@@ -1,0 +1,179 @@
+"""The LM's task evaluators (trainer/hooks.Evaluator): multiple-choice log-likelihood accuracy and
+greedy-generation exact match on local JSON Lines tasks, `data.eval_tasks=PATH,PATH`, each named by
+its file's stem, run at every evaluation on every process (the weights stay sharded; jit partitions).
+
+A task's lines are all of one kind:
+  multiple choice   {"context": str, "choices": [str, ...], "answer": int}   -> eval_NAME_acc, _acc_norm
+  exact match       {"context": str, "target": str}                          -> eval_NAME_exact_match
+
+Scored as lm-eval-harness 0.4.13 scores the same task through our Hugging Face export
+(tests/test_lm_eval_parity.py runs it) with, in its task YAML, `dataset_path: json`,
+`doc_to_text: "{{context}}"`, and either `output_type: multiple_choice`, `doc_to_choice:
+"{{choices}}"`, `doc_to_target: "{{answer}}"`, metric acc, or `output_type: generate_until`,
+`doc_to_target: "{{target}}"`, `generation_kwargs: {until: ["\\n"], do_sample: false, max_gen_toks:
+data.eval_max_new_tokens}`, metric exact_match; and `max_length=data.seq_len` in its model_args:
+  - a choice is continuation " CHOICE" (lm-eval's target_delimiter); trailing spaces of the context move
+    to the continuation, the pair is encoded whole and the context's own encoding split off it (what
+    a BPE merges across the boundary stays with the continuation); no BOS is added (our tokenizers
+    have no post-processor); an empty context is the end-of-document token; context and continuation
+    keep their last seq_len + 1 tokens;
+  - the answer is the choice of the highest summed log-likelihood (the first of equals); acc_norm
+    divides each by its choice's length in characters;
+  - generation is greedy over the whole vocabulary from the context's last seq_len - max_new_tokens
+    tokens, ends at the end-of-document token, and is cut at the first newline; exact match compares
+    strings as they are.
+"""
+
+import json
+import os
+import re
+
+import numpy as np
+from jax.experimental import multihost_utils
+
+from errors import UserError
+
+KINDS = {"multiple_choice": ("context", "choices", "answer"), "exact_match": ("context", "target")}
+STOP = "\n"  # Generation ends at the first newline (lm-eval: until ["\n"]).
+
+
+def read_task(path: str) -> tuple[str, list[dict]]:
+  """(kind, records) of a JSON Lines task, checked: one `error:` line naming the file and line."""
+  if not os.path.isfile(path):
+    raise UserError(f"data.eval_tasks: no such file {path}")
+  records, kinds = [], set()
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{n}: not JSON ({e.msg})") from None
+      kind = next(
+        (k for k, fields in KINDS.items() if isinstance(record, dict) and set(fields) <= set(record)), None
+      )
+      if kind is None or not _well_formed(kind, record):
+        raise UserError(
+          f'{path}:{n}: a task line is {{"context": str, "choices": [str, ...], "answer": index}} '
+          f'or {{"context": str, "target": str}}'
+        )
+      kinds.add(kind)
+      records.append(record)
+  if not records or len(kinds) > 1:
+    raise UserError(
+      f"{path}: {'has no lines' if not records else 'mixes multiple-choice and exact-match lines'}"
+    )
+  return kinds.pop(), records
+
+
+def _well_formed(kind: str, r: dict) -> bool:
+  if not isinstance(r["context"], str):
+    return False
+  if kind == "exact_match":
+    return isinstance(r["target"], str)
+  choices = r["choices"]
+  ok = isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices)
+  return bool(ok) and isinstance(r["answer"], int) and 0 <= r["answer"] < len(choices)
+
+
+def encode_pair(encode, context: str, continuation: str, eos_id: int) -> tuple[list[int], list[int]]:
+  """(context ids, continuation ids) as lm-eval's causal models encode a pair."""
+  if not context:
+    return [eos_id], encode(continuation)
+  spaces = len(context) - len(context.rstrip())
+  if spaces:
+    context, continuation = context[:-spaces], context[-spaces:] + continuation
+  whole, head = encode(context + continuation), encode(context)
+  return head, whole[len(head) :]
+
+
+def _bucket(n: int) -> int:
+  """Lengths padded to a few sizes: one compile serves many items."""
+  return max(16, 1 << (n - 1).bit_length())
+
+
+def loglikelihoods(model, pairs: list[tuple[list[int], list[int]]], max_len: int) -> np.ndarray:
+  """Summed log-likelihood of each continuation after its context, in float64."""
+  from model import kv_cache
+
+  rows = [(ctx + cont)[-(max_len + 1) :] for ctx, cont in pairs]
+  tokens = np.zeros((len(rows), _bucket(max(map(len, rows)))), np.int32)
+  for i, r in enumerate(rows):
+    tokens[i, : len(r)] = r
+  logp, _ = kv_cache.token_logprobs(model, tokens)
+  logp = np.asarray(multihost_utils.process_allgather(logp, tiled=True), np.float64)
+  # Token j of a row is predicted at position j - 1; the continuation is the row's last len(cont) tokens.
+  ends = [(len(r) - len(c) - 1, len(r) - 1) for r, (_, c) in zip(rows, pairs, strict=True)]
+  return np.array([logp[i, lo:hi].sum() for i, (lo, hi) in enumerate(ends)])
+
+
+def continuations(model, prompts: list[list[int]], new_tokens: int) -> np.ndarray:
+  """Greedy continuations [items, new_tokens] of prompts of any lengths."""
+  from model import kv_cache
+
+  tokens = np.zeros((len(prompts), _bucket(max(map(len, prompts)))), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, : len(p)] = p
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  out = kv_cache.greedy(model, tokens, lengths, new_tokens)
+  return np.asarray(multihost_utils.process_allgather(out, tiled=True))
+
+
+def score(kind: str, records: list[dict], model, tokenizer, config) -> tuple[dict, list]:
+  """({metric: value}, per-item results: the choices' log-likelihoods, or the generated text)."""
+  encode = lambda text: [int(i) for i in tokenizer.encode(text.encode("utf-8"), "a task")]
+  seq_len, eos = config.data.seq_len, tokenizer.eos_id
+  if kind == "multiple_choice":
+    pairs = [encode_pair(encode, r["context"], " " + c, eos) for r in records for c in r["choices"]]
+    flat, items, at = loglikelihoods(model, pairs, seq_len), [], 0
+    for r in records:
+      items.append(flat[at : at + len(r["choices"])].tolist())
+      at += len(r["choices"])
+    # acc_norm: each log-likelihood divided by its choice's length in characters, as lm-eval does.
+    norm = [np.array(ll) / [len(c) for c in r["choices"]] for ll, r in zip(items, records, strict=True)]
+    acc = [int(np.argmax(ll)) == r["answer"] for ll, r in zip(items, records, strict=True)]
+    acc_norm = [int(np.argmax(ll)) == r["answer"] for ll, r in zip(norm, records, strict=True)]
+    return {"acc": float(np.mean(acc)), "acc_norm": float(np.mean(acc_norm))}, items
+  new = config.data.eval_max_new_tokens
+  prompts = [(encode(r["context"]) if r["context"] else [eos])[-(seq_len - new) :] for r in records]
+  texts = []
+  for row in continuations(model, prompts, new):
+    ends = np.flatnonzero(row == eos)
+    row = row[: ends[0] if ends.size else len(row)]
+    texts.append(tokenizer.decode(row[row != tokenizer.pad_id]).split(STOP)[0])  # lm-eval skips specials.
+  return {
+    "exact_match": float(np.mean([t == r["target"] for t, r in zip(texts, records, strict=True)]))
+  }, texts
+
+
+def evaluators(config) -> list:
+  """One Evaluator per file of data.eval_tasks, named by its stem."""
+  from trainer.hooks import Evaluator
+
+  paths = [p.strip() for p in config.data.eval_tasks.split(",") if p.strip()]
+  tokenizer = _tokenizer(config) if paths else None
+  made = []
+  for path in paths:
+    kind, records = read_task(path)
+
+    def fn(ctx, kind=kind, records=records, tokenizer=tokenizer):
+      return score(kind, records, ctx.model(), tokenizer, ctx.config)[0]
+
+    made.append(Evaluator(task_name(path), fn))
+  return made
+
+
+def task_name(path: str) -> str:
+  return re.sub(r"\W+", "_", os.path.splitext(os.path.basename(path))[0], flags=re.ASCII) or "task"
+
+
+def _tokenizer(config):
+  """The data set's own tokenizer (a mixture's data sets share one)."""
+  from data import arrayrecord, mixture, tokenizers
+
+  d = config.data
+  if d.source not in ("arrayrecord", "mixture"):
+    raise UserError(f"data.eval_tasks needs text data with a tokenizer (data.source={d.source!r} has none)")
+  path = d.path if d.source == "arrayrecord" else mixture.parse(d.mixture)[0][0]
+  return tokenizers.for_dataset(arrayrecord.load_metadata(path), path)
