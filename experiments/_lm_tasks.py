@@ -12,11 +12,11 @@ Scored as lm-eval-harness 0.4.13 scores the same task through our Hugging Face e
 "{{choices}}"`, `doc_to_target: "{{answer}}"`, metric acc, or `output_type: generate_until`,
 `doc_to_target: "{{target}}"`, `generation_kwargs: {until: ["\\n"], do_sample: false, max_gen_toks:
 data.eval_max_new_tokens}`, metric exact_match; and `max_length=data.seq_len` in its model_args:
-  - a choice is continuation " CHOICE" (lm-eval's target_delimiter); trailing spaces of the context move
-    to the continuation, the pair is encoded whole and the context's own encoding split off it (what
-    a BPE merges across the boundary stays with the continuation); no BOS is added (our tokenizers
-    have no post-processor); an empty context is the end-of-document token; context and continuation
-    keep their last seq_len + 1 tokens;
+  - a choice is continuation " CHOICE" (lm-eval's target_delimiter); trailing spaces of the context
+    move to the continuation, whose tokens are the whole pair's encoding after as many tokens as the
+    context's own encoding has (a merge across the boundary goes as in lm-eval); no BOS is added (our
+    tokenizers have no post-processor); an empty context is the end-of-document token; context and
+    continuation keep their last seq_len + 1 tokens;
   - the answer is the choice of the highest summed log-likelihood (the first of equals); acc_norm
     divides each by its choice's length in characters;
   - generation is greedy over the whole vocabulary from the context's last seq_len - max_new_tokens

@@ -6,6 +6,8 @@ experiment file; tests/test_fork.py does that):
 - `gathered` (process 0 only, every 4 steps): the parameters' sum of squares from host copies of the
   whole state, as a scalar.
 - `boom` (every process, every 5 steps): raises on process 1.
+- the evaluator `probe` (every process, at each evaluation): the LM task scorer's log-likelihoods and
+  greedy tokens (experiments/_lm_tasks.py) of fixed token ids, from the weights as the mesh holds them.
 """
 
 import os
@@ -18,8 +20,20 @@ sys.path.insert(0, REPO)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import lm  # noqa: E402
-from trainer.hooks import Hook  # noqa: E402
+from experiments import _lm_tasks, lm  # noqa: E402
+from trainer.hooks import Evaluator, Hook  # noqa: E402
+
+PAIRS = [([3, 5, 7], [9, 11]), ([4], [6, 8, 10])]  # (context, continuation) token ids.
+PROMPTS, NEW = [[3, 5, 7], [4]], 3
+
+
+def probe(model, seq_len: int) -> dict:
+  """{metric: value} of the task scorer on `model`: also what the test computes on one device."""
+  lls = _lm_tasks.loglikelihoods(model, PAIRS, seq_len)
+  tokens = _lm_tasks.continuations(model, PROMPTS, NEW)
+  return {f"ll{i}": float(v) for i, v in enumerate(lls)} | {
+    "tokens": float(sum(tokens.ravel() * 32.0 ** np.arange(tokens.size)))
+  }
 
 
 def _gathered(ctx) -> None:
@@ -33,6 +47,11 @@ def _boom(ctx) -> None:
     raise RuntimeError("a bug in the fork's hook")
 
 
-lm.hooks = lambda config: [Hook("gathered", _gathered, every=4, on="process_0"), Hook("boom", _boom, every=5)]
-sys.argv[0] = os.path.join(REPO, "main.py")
-runpy.run_path(sys.argv[0], run_name="__main__")
+if __name__ == "__main__":  # Importing it (the test does, for `probe`) changes nothing.
+  lm.evaluators = lambda config: [Evaluator("probe", lambda ctx: probe(ctx.model(), ctx.config.data.seq_len))]
+  lm.hooks = lambda config: [
+    Hook("gathered", _gathered, every=4, on="process_0"),
+    Hook("boom", _boom, every=5),
+  ]
+  sys.argv[0] = os.path.join(REPO, "main.py")
+  runpy.run_path(sys.argv[0], run_name="__main__")

@@ -6,14 +6,17 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 from errors import UserError
 from experiments import lm
+from tests import main_with_hooks
 from tests.conftest import REPO, TINY_FLAGS, read_jsonl, tiny_config
-from trainer import hooks
+from trainer import components, hooks
 from trainer.cluster import exit_codes
+from trainer.modes.export import load
 from trainer.train import train
 
 
@@ -77,6 +80,44 @@ def test_a_hook_that_raises_names_itself_and_its_line_and_saves_its_step(tmp_pat
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "3"]  # Step 3 saved though not on schedule.
 
 
+def test_an_evaluator_reports_beside_eval_loss_and_one_that_raises_ends_the_run_saved(tmp_path, monkeypatch):
+  calls = []
+
+  def count(ctx):
+    calls.append(ctx.step)
+    return {"params": len(jax.tree.leaves(ctx.params)), "step": ctx.step}
+
+  def broken(ctx):
+    if ctx.step == 4:
+      return [1.0]  # Not {metric: number}.
+    return {}
+
+  made = [hooks.Evaluator("count", count), hooks.Evaluator("broken", broken)]
+  monkeypatch.setattr(lm, "evaluators", lambda config: made, raising=False)
+  with pytest.raises(
+    hooks.HookFailed, match=r"evaluator 'broken' raised at step 4: TypeError: returned list"
+  ):
+    train(tiny_config(eval_every=2, steps=6, **{"checkpoint.every": 3}), str(tmp_path))
+  rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "eval_loss" in r]
+  assert [(r["step"], r["eval_count_step"]) for r in rows] == [(2, 2.0)] and rows[0]["eval_count_params"] > 0
+  assert calls == [2, 4] and sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "4"]
+
+
+@pytest.mark.parametrize(
+  "made, problem",
+  [
+    ([object()], "each must be a trainer.hooks.Evaluator"),
+    ([hooks.Evaluator("a", print), hooks.Evaluator("a", print)], "'a' of .*: its name is used twice"),
+    ([hooks.Evaluator("a-b", print)], "name it with a word"),
+    ([hooks.Evaluator("a", print, on="rank0")], "on must be 'all' or 'process_0'"),
+  ],
+)
+def test_a_malformed_evaluator_is_one_error(made, problem, monkeypatch):
+  monkeypatch.setattr(lm, "evaluators", lambda config: made, raising=False)
+  with pytest.raises(UserError, match=problem):
+    hooks.load_evaluators(lm, tiny_config())
+
+
 @pytest.mark.parametrize(
   "made, problem",
   [
@@ -94,7 +135,8 @@ def test_a_malformed_hook_is_one_error(made, problem, monkeypatch):
 
 def test_two_processes_gather_for_process_0_and_stop_together_when_one_raises(tmp_path):
   """`gathered` sees the whole state on process 0; `boom` raises on process 1 at step 5: both processes
-  save step 5 and exit 8, each with its line."""
+  save step 5 and exit 8, each with its line. The evaluator `probe` scores token ids with the LM's task
+  scorer on the weights as 2 processes hold them: what one device computes from checkpoint 4."""
   launcher = [
     sys.executable,
     "launch/local.py",
@@ -107,6 +149,7 @@ def test_two_processes_gather_for_process_0_and_stop_together_when_one_raises(tm
     "--config.steps=8",
     "--config.checkpoint.every=4",
     "--config.checkpoint.local_every=0",
+    "--config.eval_every=2",
   ]
   result = subprocess.run(
     [*launcher, "--", *flags, f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=240
@@ -118,3 +161,11 @@ def test_two_processes_gather_for_process_0_and_stop_together_when_one_raises(tm
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["4", "5"]
   [row] = _hook_rows(tmp_path)
   assert row["step"] == 4 and row["gathered/params_sq"] > 0
+  evals = {r["step"]: r for r in read_jsonl(tmp_path / "metrics.jsonl") if "eval_probe_ll0" in r}
+  assert sorted(evals) == [2, 4]
+  loaded = load(str(tmp_path), 4)
+  model = components.build(loaded.config, with_data=False).mdef.merge(loaded.params, loaded.variables)
+  one_device = main_with_hooks.probe(model, loaded.config.data.seq_len)
+  assert evals[4]["eval_probe_tokens"] == one_device["tokens"]
+  for k in ("ll0", "ll1"):
+    assert evals[4][f"eval_probe_{k}"] == pytest.approx(one_device[k], rel=1e-5)

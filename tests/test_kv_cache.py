@@ -57,3 +57,24 @@ def test_cached_generation_equals_rerunning_the_sequence(case):
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full_pass(state, cached), atol=2e-5, rtol=1e-5)
   sampled = kv_cache.generate(model, prompt, NEW, 1.0, key, 48, banned=(0,))
   assert sampled.shape == (2, total) and not (sampled[:, 5:] == 0).any()  # The banned id is never drawn.
+
+
+def test_prompts_of_different_lengths_in_one_batch_and_their_log_likelihoods():
+  """kv_cache.greedy on prompts padded on the right gives each prompt's own greedy continuation (as
+  generate draws it alone, nothing banned), and token_logprobs equals log-softmax of the full pass."""
+  with nnx.use_eager_sharding(False):
+    model = Decoder(**BASE, **CASES["scanned_gqa_qknorm"], compute_dtype="float32", rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(4)
+  prompts = [rng.integers(2, 48, n).astype(np.int32) for n in (3, 7, 1)]
+  padded = np.zeros((3, 8), np.int32)
+  for i, p in enumerate(prompts):
+    padded[i, : len(p)] = p
+  batched = np.asarray(kv_cache.greedy(model, padded, np.array([3, 7, 1], np.int32), NEW))
+  for i, p in enumerate(prompts):
+    alone = kv_cache.generate(model, jnp.asarray(p[None]), NEW, 0.0, jax.random.PRNGKey(0), 48)
+    np.testing.assert_array_equal(batched[i], np.asarray(alone)[0, len(p) :])
+  logp, greedy = kv_cache.token_logprobs(model, padded)
+  full = jax.nn.log_softmax(np.asarray(model(jnp.asarray(padded)), np.float32)[:, :-1])
+  expected = np.take_along_axis(full, padded[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(logp, expected, atol=2e-5)
+  np.testing.assert_array_equal(greedy, full.argmax(-1) == padded[:, 1:])

@@ -132,6 +132,11 @@ def test_one_process_and_two_see_the_same_mixed_batches_and_a_kill_resumes_them(
     assert [a[step][k] for k in shares] == [b[step][k] for k in shares], step
     assert a[step]["loss"] == pytest.approx(b[step]["loss"], rel=1e-5), step
   assert abs(np.mean([a[s]["share_letters"] for s in a]) - 0.75) < 0.1
+  # Each data set's own held-out loss beside the mixture's, the same on 1 and 2 processes.
+  final = lambda w: [r for r in read_jsonl(os.path.join(w, "metrics.jsonl")) if "eval_loss" in r][-1]
+  for k in ("eval_letters_loss", "eval_digits_loss"):
+    assert final(one)[k] == pytest.approx(final(two)[k], rel=1e-5), k
+  assert final(one)["eval_letters_loss"] != final(one)["eval_digits_loss"]
 
   # Another weighting is other data: its fingerprint differs, so a resume on it is refused.
   from experiments import lm
