@@ -96,6 +96,14 @@ Optional:
       every process with the devices' arrays (collectives allowed); on="process_0" runs on process 0
       with host copies of the whole state, gathered on every process first. A hook that raises ends
       the run with one `error:` line naming it and its line (exit 8), after its step is saved.
+  evaluators(config) -> list[trainer.hooks.Evaluator]
+      Named evaluations beside eval_loss (a downstream task): each Evaluator(name, fn, on="all" |
+      "process_0") runs fn(ctx) at every evaluation (eval_every, the final step, --mode=eval) for each
+      weight set, ctx as a hook's with that set's params (ctx.writer None), and returns {metric:
+      number}: eval_NAME_METRIC in the evaluation's row (eval_ema_NAME_METRIC for the EMA). One that
+      raises, or returns anything else, ends the run as a hook does. More held-out sets go in
+      DataSources.eval_sets (eval_NAME_loss); the LM's data.eval_tasks are evaluators
+      (experiments/_lm_tasks.py).
 
 What the trainer guarantees:
   - Global batch t holds the same records in the same order on any number of devices and processes;

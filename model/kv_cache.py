@@ -7,8 +7,9 @@ The attention is the `einsum` implementation's (scores and softmax in float32), 
 logits equal the full forward pass's within rounding and greedy tokens are the same
 (tests/test_sample.py). A mixture of experts with capacity routing computes its capacity from the
 tokens of one step, so a token the full pass would drop for lack of room may be kept here: use
-`model.moe.routing=dropless` where the two must agree. One device, no context axis: for sampling and
-evaluation, not for training.
+`model.moe.routing=dropless` where the two must agree. For sampling and evaluation, not for training:
+generate on one device; token_logprobs and greedy (evaluation) also on weights sharded over a mesh,
+which jit partitions, the whole sequence on each device (no context axis).
 """
 
 import functools

@@ -60,7 +60,7 @@ def test_fork_trains_and_verifies_and_touches_nothing_else(tmp_path):
   again = run(sys.executable, "-m", "experiments.new", NAME, "--from=lm")
   assert again.returncode == 2 and again.stderr.startswith(f"error: experiments/{NAME}.py exists already")
 
-  # Periodic work, in the fork's own file: it runs on its cadence, and nothing else changes.
+  # Periodic work and an evaluator, in the fork's own file: they run on their cadence, nothing else changes.
   forked = _files(copy)
   with open(copy / "experiments" / f"{NAME}.py", "a") as f:
     f.write(HOOK)
@@ -73,6 +73,9 @@ def test_fork_trains_and_verifies_and_touches_nothing_else(tmp_path):
   with open(workdir / "metrics.jsonl") as f:
     rows = [r for r in map(json.loads, f) if r.get("event") == "hook"]
   assert [r["step"] for r in rows] == [1, 2] and all(r["weights/norm"] > 0 for r in rows), rows
+  with open(workdir / "summary.json") as f:
+    summary = json.load(f)
+  assert 0 < summary["eval_top_score_share_positive"] < 1 and "eval_loss" in summary, summary
 
 
 HOOK = """
@@ -88,4 +91,17 @@ def hooks(config):
     ctx.writer.scalar("norm", squares**0.5)
 
   return [Hook("weights", weights_norm, every=1, on="process_0")]
+
+
+def evaluators(config):
+  import jax
+  import jax.numpy as jnp
+
+  from trainer.hooks import Evaluator
+
+  def top_score(ctx):  # Evaluated like eval_loss: eval_top_score_share_positive.
+    leaves = [jnp.ravel(x) for x in jax.tree.leaves(ctx.params)]
+    return {"share_positive": float(jnp.mean(jnp.concatenate(leaves) > 0))}
+
+  return [Evaluator("top_score", top_score)]
 """
