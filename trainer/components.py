@@ -167,6 +167,34 @@ def build_for_compile(config, devices=None) -> tuple[Components, dict]:
   return comp, pipeline.global_spec(local, comp.batch_sharding, config.global_batch_size)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainInput:
+  """The train input, built once per run (train.py) and read by the compile and the loop: this
+  process's rows of global batch t, batch t's global shapes (what the step compiles for), and the
+  prefetching reader over a range of batches (Grain threads or worker processes, then device puts
+  ahead). Held-out batches: held_out_batches."""
+
+  local: pipeline.LocalBatches
+  sharding: NamedSharding
+  global_batch_size: int
+  data: object  # config.data: read_threads, prefetch, worker_processes.
+
+  def spec(self, t: int) -> dict:
+    return pipeline.global_spec(self.local(t), self.sharding, self.global_batch_size)
+
+  def open(self, start: int, stop: int) -> pipeline.DevicePrefetch:
+    """Global batches start..stop-1, read and put on the devices ahead of the loop."""
+    d = self.data
+    it = pipeline.local_batch_iterator(
+      self.local, start, stop, d.read_threads, d.prefetch, d.worker_processes
+    )
+    return pipeline.DevicePrefetch(it, self.sharding, self.global_batch_size, depth=d.prefetch)
+
+
+def train_input(comp: Components, config) -> TrainInput:
+  return TrainInput(local_batches(comp), comp.batch_sharding, config.global_batch_size, config.data)
+
+
 def local_batches(comp: Components, split: str = "train") -> pipeline.LocalBatches:
   """This process's rows of the train (or held-out) global batches, made by the experiment."""
   source, plan = (comp.sources.train, comp.plan) if split == "train" else (comp.sources.eval, comp.eval_plan)

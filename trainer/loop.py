@@ -55,19 +55,8 @@ class Loop:
     self.window = self.clock.window = Window(self.unit)
 
   def _open_batches(self) -> pipeline.DevicePrefetch:
-    first = self.step + self.batch_offset  # Global batch t trains step t - batch_offset + 1.
-    d, run = self.config.data, self.run
-    it = pipeline.local_batch_iterator(
-      run.local_batches,
-      first,
-      self.last_step + self.batch_offset,
-      d.read_threads,
-      d.prefetch,
-      d.worker_processes,
-    )
-    return pipeline.DevicePrefetch(
-      it, run.comp.batch_sharding, self.config.global_batch_size, depth=d.prefetch
-    )
+    # Global batch t trains step t - batch_offset + 1.
+    return self.run.input.open(self.step + self.batch_offset, self.last_step + self.batch_offset)
 
   def run_steps(self) -> None:
     try:

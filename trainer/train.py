@@ -10,7 +10,6 @@ import time
 
 import jax
 
-from data import pipeline
 from trainer import components, rundir
 from trainer import state as state_lib
 from trainer import summary as summary_lib
@@ -42,7 +41,7 @@ class Run:
   last_step: int
   startup: dict  # Start-up's seconds by part, for summary.json: imports, build, init or restore, compile.
   log: MetricsLog | None = None
-  local_batches: object = None
+  input: components.TrainInput | None = None
   train_step: object = None
   first_train_step: object = None  # checks.first_step's: the loop's first step, when it is checked.
   batch_spec: object = None  # The global batch's shapes, as compiled.
@@ -93,6 +92,7 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
       init=functools.partial(components.fresh_state, comp, config),
       last_step=config.steps if stop_after is None else min(stop_after, config.steps),
       startup={"imports": t_start - started, "build": time.time() - t_start},
+      input=components.train_input(comp, config),
     )
     fingerprint = {
       "layout": meta["layout"],
@@ -205,13 +205,10 @@ def _compile(run: Run, start: restore.Start) -> bool:
   """Compiles the train step for the first batch's shapes (unless no step is left); whether the
   compilation cache served it."""
   hits, comp = runtime.compilation_cache_hits(), run.comp
-  run.local_batches = components.local_batches(comp)
   run.train_step, run.eval_step = make_train_step(comp, run.config.microbatches), make_eval_step(comp)
   first = int(start.state.step)
   if first < run.last_step:
-    b = run.config.global_batch_size
-    spec = pipeline.global_spec(run.local_batches(first + start.batch_offset), comp.batch_sharding, b)
-    run.batch_spec = spec
+    spec = run.batch_spec = run.input.spec(first + start.batch_offset)
     with jax.set_mesh(comp.mesh):
       run.train_step = run.train_step.lower(start.state, spec).compile()
   return runtime.compilation_cache_hits() > hits
