@@ -11,6 +11,10 @@ through `ctx.writer` lands in metrics.jsonl (one `"event": "hook"` row per run o
 `NAME/KEY`) and TensorBoard; images also as PNGs under WORKDIR/hooks/NAME/. A hook that raises ends
 the run with one `error:` line naming it (exit 8, never restarted), after the step it ran at is saved:
 every process agrees first that it failed, so all of them save and stop together.
+
+An Evaluator (the experiment's optional `evaluators(config)`) is run the same way by evaluation
+(trainer/evaluate.py) at every evaluation, for each weight set, and returns its metrics for the
+evaluation's row instead of writing them.
 """
 
 import dataclasses
