@@ -217,3 +217,33 @@ def test_a_torn_or_garbled_copy_is_never_whole(tmp_path):
   for step in (5, 6, 7):
     local_copies.write_copy(str(tmp_path), step, blob, {**manifest, "step": step})
   assert sorted(os.listdir(tmp_path)) == ["5", "6", "7"]  # The newest KEEP; torn leftovers removed.
+
+
+def test_a_send_to_the_partner_is_tried_again_while_the_link_fails_up_to_the_peer_timeout(
+  tmp_path, monkeypatch
+):
+  """A link flap shorter than watchdog.peer_timeout_s costs nothing (the send goes through once the
+  link is back); one that lasts longer ends the run with the link's error, as liveness would."""
+  from trainer.cluster import peers
+
+  tier = local.LocalTier(str(tmp_path), 1, "key", {}, link_timeout_s=2.0)
+  tier.partner = 1
+  monkeypatch.setattr(tier, "_addresses", lambda: {1: "10.0.0.2:1"})
+  local_copies.write_copy(tier.own, 7, b"shards", {"step": 7})
+  sent, failures = [], [3]
+
+  def flaky(address, kind, prefix, timeout_s, file=None):
+    if failures[0]:
+      failures[0] -= 1
+      raise peers.PeerError(f"{address}: [Errno 101] Network is unreachable")
+    sent.append(file.read())
+
+  monkeypatch.setattr(peers, "request", flaky)
+  tier._send_to_partner(7, {"step": 7})
+  assert sent == [b"shards"] and failures == [0]  # Three failures, then the whole file from its start.
+
+  failures[0] = 100
+  started = time.time()
+  with pytest.raises(peers.PeerError, match="Network is unreachable"):
+    tier._send_to_partner(7, {"step": 7})
+  assert 2.0 <= time.time() - started < 4.0

@@ -57,8 +57,9 @@ def default_dir(workdir: str) -> str:
 class LocalTier:
   """This process's copies (local_dir/process_I/own) and those it holds for others (.../held/J)."""
 
-  def __init__(self, local_dir: str, every: int, fingerprint: str, config_json: dict):
+  def __init__(self, local_dir: str, every: int, fingerprint: str, config_json: dict, link_timeout_s: float):
     self.every, self.fingerprint, self.config_json = every, fingerprint, config_json
+    self.link_timeout_s = link_timeout_s  # How long a send to the partner is tried again.
     self.me, self.processes = jax.process_index(), jax.process_count()
     self.root = os.path.join(local_dir, f"process_{self.me}")
     self.own = os.path.join(self.root, "own")
@@ -114,17 +115,32 @@ class LocalTier:
       manifest = {**manifest, "fingerprint": self.fingerprint, "sha256": sha}
       copies.commit(self.own, step, manifest)
       if self.partner is not None:
-        header = json.dumps(manifest).encode()
-        with open(os.path.join(self.own, str(step), copies.SHARDS), "rb") as f:
-          prefix = len(header).to_bytes(8, "big") + header
-          peers.request(self._addresses()[self.partner], PUT, prefix, _PEER_TIMEOUT_S, file=f)
+        self._send_to_partner(step, manifest)
     except BaseException as e:  # noqa: BLE001 - raised in the loop by wait().
       self._error = e
     self.last_write_s = time.time() - started
 
+  def _send_to_partner(self, step: int, manifest: dict) -> None:
+    """Streams the copy to the partner, again while the link fails for up to the peer timeout: a flap
+    shorter than that costs nothing (the partner drops a half-received copy as torn); a partition
+    longer ends the run, as liveness would."""
+    header = json.dumps(manifest).encode()
+    prefix = len(header).to_bytes(8, "big") + header
+    deadline = time.time() + self.link_timeout_s
+    while True:
+      with open(os.path.join(self.own, str(step), copies.SHARDS), "rb") as f:
+        try:
+          left = max(deadline - time.time(), 1.0)
+          peers.request(self._addresses()[self.partner], PUT, prefix, left, file=f)
+          return
+        except peers.PeerError:
+          if time.time() >= deadline:
+            raise
+      time.sleep(0.5)
+
   def wait(self, raise_error: bool = True) -> None:
-    """The copy in flight written (and sent); its error, if any, raised here: a full local disk or an
-    unreachable partner ends the run like any failing save."""
+    """The copy in flight written (and sent); its error, if any, raised here: a full local disk, or a
+    partner unreachable for longer than the peer timeout, ends the run like any failing save."""
     if self._thread is not None:
       self._released.set()  # Never released (an error after the copy): dropped, not written.
       self._thread.join()
@@ -263,7 +279,8 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
     )
     return None
   key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-  tier = LocalTier(local_dir, max(c.local_every, 1), key, json.loads(config.to_json()))
+  link_timeout_s = config.watchdog.peer_timeout_s or _PEER_TIMEOUT_S
+  tier = LocalTier(local_dir, max(c.local_every, 1), key, json.loads(config.to_json()), link_timeout_s)
   console(f"local tier: {memory_line(held)}; {local_dir}")
   return tier
 
