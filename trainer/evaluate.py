@@ -27,10 +27,11 @@ def weight_sets(experiment, state) -> dict[str, tuple]:
   return sets | ({"ema": (state.ema, state.variables)} if state.ema else {})
 
 
-def evaluate(comp: components.Components, eval_step, state, config, step: int, evaluators=()) -> dict:
+def evaluate(comp: components.Components, eval_step, state, config, step: int = 0, evaluators=()) -> dict:
   """Held-out loss over up to `eval_steps` batches of each held-out set, for each weight set: sums and
   counts added up, divided once (eval_loss, eval_ema_loss for the set "ema", eval_NAME_loss for the
-  experiment's held-out set NAME); then the evaluators (trainer/hooks.Evaluator), eval_NAME_METRIC.
+  experiment's held-out set NAME); then the evaluators (trainer/hooks.Evaluator), eval_NAME_METRIC,
+  given `step` (the state's).
   Never wraps around: when a held-out set is smaller, each of its examples counts once."""
   sets = weight_sets(comp.experiment, state)
   row = {}
