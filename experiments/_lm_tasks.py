@@ -35,6 +35,7 @@ from errors import UserError
 
 KINDS = {"multiple_choice": ("context", "choices", "answer"), "exact_match": ("context", "target")}
 STOP = "\n"  # Generation ends at the first newline (lm-eval: until ["\n"]).
+CHUNK = 32  # Items scored at a time: bounds the activations and caches a task's size would otherwise set.
 
 
 def read_task(path: str) -> tuple[str, list[dict]]:
@@ -93,16 +94,26 @@ def _bucket(n: int) -> int:
   return max(16, 1 << (n - 1).bit_length())
 
 
+def _chunks(rows: list[list[int]], fn) -> np.ndarray:
+  """fn(tokens int32[CHUNK, bucket], lengths int32[CHUNK]) on the rows padded on the right, CHUNK rows
+  at a time (the last chunk filled with one-token rows: one program for every chunk), as host arrays
+  on every process."""
+  width = _bucket(max(map(len, rows)))
+  out = []
+  for at in range(0, len(rows), CHUNK):
+    tokens, lengths = np.zeros((CHUNK, width), np.int32), np.ones(CHUNK, np.int32)
+    for i, r in enumerate(rows[at : at + CHUNK]):
+      tokens[i, : len(r)], lengths[i] = r, len(r)
+    out.append(np.asarray(multihost_utils.process_allgather(fn(tokens, lengths), tiled=True)))
+  return np.concatenate(out)[: len(rows)]
+
+
 def loglikelihoods(model, pairs: list[tuple[list[int], list[int]]], max_len: int) -> np.ndarray:
   """Summed log-likelihood of each continuation after its context, in float64."""
   from model import kv_cache
 
   rows = [(ctx + cont)[-(max_len + 1) :] for ctx, cont in pairs]
-  tokens = np.zeros((len(rows), _bucket(max(map(len, rows)))), np.int32)
-  for i, r in enumerate(rows):
-    tokens[i, : len(r)] = r
-  logp, _ = kv_cache.token_logprobs(model, tokens)
-  logp = np.asarray(multihost_utils.process_allgather(logp, tiled=True), np.float64)
+  logp = _chunks(rows, lambda tokens, _: kv_cache.token_logprobs(model, tokens)[0]).astype(np.float64)
   # Token j of a row is predicted at position j - 1; the continuation is the row's last len(cont) tokens.
   ends = [(len(r) - len(c) - 1, len(r) - 1) for r, (_, c) in zip(rows, pairs, strict=True)]
   return np.array([logp[i, lo:hi].sum() for i, (lo, hi) in enumerate(ends)])
@@ -112,12 +123,7 @@ def continuations(model, prompts: list[list[int]], new_tokens: int) -> np.ndarra
   """Greedy continuations [items, new_tokens] of prompts of any lengths."""
   from model import kv_cache
 
-  tokens = np.zeros((len(prompts), _bucket(max(map(len, prompts)))), np.int32)
-  for i, p in enumerate(prompts):
-    tokens[i, : len(p)] = p
-  lengths = np.array([len(p) for p in prompts], np.int32)
-  out = kv_cache.greedy(model, tokens, lengths, new_tokens)
-  return np.asarray(multihost_utils.process_allgather(out, tiled=True))
+  return _chunks(prompts, lambda tokens, lengths: kv_cache.greedy(model, tokens, lengths, new_tokens))
 
 
 def score(kind: str, records: list[dict], model, tokenizer, config) -> tuple[dict, list]:
