@@ -4,6 +4,7 @@ process), and the console progress line."""
 import json
 import os
 import re
+import sys
 import time
 
 import jax
@@ -78,8 +79,7 @@ class MetricsLog:
     self.write_process({"step": resume_step, "time": time.time(), "event": "start", **(process_start or {})})
 
   def _tensorboard(self, after_step: int):
-    from tensorboardX import SummaryWriter
-
+    SummaryWriter = _summary_writer()
     # Event files are named by the second they open in: a resume or rollback within the same second
     # would write over the earlier file, and the suffix keeps them apart.
     suffix = f".{time.time_ns()}"
@@ -264,3 +264,18 @@ def eval_line(eval_row: dict) -> str:
   return "  ".join(
     f"{k} {v:.4f}" for k, v in eval_row.items() if k.startswith("eval_") and isinstance(v, float)
   )
+
+
+def _summary_writer():
+  """tensorboardX's SummaryWriter, imported without torch: tensorboardX imports torch wherever it is
+  installed, only to accept its tensors (we write numpy), and that took 1.9 s of every start-up in a
+  virtual environment that holds torch (python -X importtime main.py ..., 2 cores)."""
+  blocked = "torch" not in sys.modules
+  if blocked:
+    sys.modules["torch"] = None  # `import torch` raises ImportError, as where torch is not installed.
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    if blocked:
+      del sys.modules["torch"]
+  return SummaryWriter
