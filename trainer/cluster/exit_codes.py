@@ -83,9 +83,9 @@ TABLE = (
   ),
   ExitCode(
     HOOK_EXIT,
-    "an experiment's hook raised",
+    "an experiment's hook or evaluator raised",
     False,
-    "fix the hook its `error:` line names (in the experiment's hooks); the step it ran at was saved",
+    "fix the hook or evaluator its `error:` line names (in the experiment); the step it ran at was saved",
   ),
   ExitCode(
     INTERRUPTED_EXIT, "stopped by SIGINT", True, "nothing: a restart resumes from the newest checkpoint"
