@@ -31,7 +31,7 @@ $(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev]'
 	touch $(DEV_STAMP)
 
-# What the whole suite adds: torch and transformers, for the Hugging Face parity tests only (the
+# What the whole suite adds: torch, transformers and lm-eval-harness, for the parity tests only (the
 # `parity` extra; README says what it costs). Training never imports them.
 $(TEST_STAMP): $(DEV_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt '.[dev,parity]'
