@@ -104,7 +104,7 @@ def test_a_venv_of_an_older_python_is_made_again(tmp_path):
 
 def test_make_train_installs_only_trainings_dependencies_and_make_test_adds_the_parity_extra(tmp_path):
   """`make train` installs the project alone (no test tools, no torch); `make test` adds the dev and
-  parity extras (torch and transformers, for tests/test_hf_parity.py)."""
+  parity extras (torch, transformers and lm-eval, for tests/test_hf_parity.py and test_lm_eval_parity.py)."""
   if shutil.which("make") is None:
     pytest.skip("no make on this machine")
 
@@ -117,7 +117,7 @@ def test_make_train_installs_only_trainings_dependencies_and_make_test_adds_the_
   with open(os.path.join(REPO, "pyproject.toml")) as f:
     pyproject = f.read()
   dependencies = pyproject.split("dependencies = [")[1].split("]")[0]
-  assert "torch" not in dependencies and "transformers" not in dependencies
+  assert not any(name in dependencies for name in ("torch", "transformers", "lm_eval", "datasets"))
 
 
 @pytest.mark.parametrize("uid", ["1000", "0"])
