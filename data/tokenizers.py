@@ -29,6 +29,16 @@ class ByteTokenizer:
   def decode(self, ids) -> str:
     return decode(ids).decode("utf-8", errors="replace")
 
+  # As transformers' tokenizer of our export encodes and decodes by default (what lm-eval calls).
+  def encode_text(self, text: str) -> list[int]:
+    return [b + BYTE_OFFSET for b in text.encode("utf-8")]
+
+  def decode_text(self, ids) -> str:
+    ids = np.asarray(ids).ravel()
+    return (
+      (ids[ids >= BYTE_OFFSET] - BYTE_OFFSET).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+    )
+
 
 def _text(document: bytes, source: str) -> str:
   try:
@@ -66,6 +76,14 @@ class HFTokenizer:
 
   def decode(self, ids) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+  # As transformers' tokenizer of this file encodes and decodes by default (what lm-eval calls): with
+  # the special tokens its post-processor adds (a BOS), and decoding without any special token.
+  def encode_text(self, text: str) -> list[int]:
+    return list(self._tok.encode(text).ids)
+
+  def decode_text(self, ids) -> str:
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
 def train_bpe(documents, vocab_size: int, path: str) -> None:

@@ -6,7 +6,8 @@ A task's lines are all of one kind:
   multiple choice   {"context": str, "choices": [str, ...], "answer": int}   -> eval_NAME_acc, _acc_norm
   exact match       {"context": str, "target": str}                          -> eval_NAME_exact_match
 
-Scored as lm-eval-harness 0.4.13 scores the same task through our Hugging Face export
+Scored as lm-eval-harness 0.4.13 scores the same task through our Hugging Face export (in float32;
+bfloat16 compute differs from it by bfloat16's rounding)
 (tests/test_lm_eval_parity.py runs it) with, in its task YAML, `dataset_path: json`,
 `doc_to_text: "{{context}}"`, and either `output_type: multiple_choice`, `doc_to_choice:
 "{{choices}}"`, `doc_to_target: "{{answer}}"`, metric acc, or `output_type: generate_until`,
@@ -14,9 +15,10 @@ Scored as lm-eval-harness 0.4.13 scores the same task through our Hugging Face e
 data.eval_max_new_tokens}`, metric exact_match; and `max_length=data.seq_len` in its model_args:
   - a choice is continuation " CHOICE" (lm-eval's target_delimiter); trailing spaces of the context
     move to the continuation, whose tokens are the whole pair's encoding after as many tokens as the
-    context's own encoding has (a merge across the boundary goes as in lm-eval); no BOS is added (our
-    tokenizers have no post-processor); an empty context is the end-of-document token; context and
-    continuation keep their last seq_len + 1 tokens;
+    context's own encoding has (a merge across the boundary goes as in lm-eval); special tokens as the
+    tokenizer's post-processor adds them (a Llama 3 tokenizer.json: a BOS; ours: none) and none in
+    decoded text (data/tokenizers.py encode_text, decode_text); an empty context is the
+    end-of-document token; context and continuation keep their last seq_len + 1 tokens;
   - the answer is the choice of the highest summed log-likelihood (the first of equals); acc_norm
     divides each by its choice's length in characters;
   - generation is greedy over the whole vocabulary from the context's last seq_len - max_new_tokens
@@ -35,7 +37,8 @@ from errors import UserError
 
 KINDS = {"multiple_choice": ("context", "choices", "answer"), "exact_match": ("context", "target")}
 STOP = "\n"  # Generation ends at the first newline (lm-eval: until ["\n"]).
-CHUNK = 32  # Items scored at a time: bounds the activations and caches a task's size would otherwise set.
+CHUNK = 32  # Items scored at a time: bounds the activations and caches a task's size would otherwise set,
+LOGITS_BYTES = 2**30  # and fewer where their float32 logits [items, length, vocab] would pass this.
 
 
 def read_task(path: str) -> tuple[str, list[dict]]:
@@ -69,7 +72,8 @@ def read_task(path: str) -> tuple[str, list[dict]]:
 
 
 def _well_formed(kind: str, r: dict) -> bool:
-  if not isinstance(r["context"], str):
+  # A context of spaces alone would encode to nothing once its spaces move (lm-eval refuses it too).
+  if not isinstance(r["context"], str) or (r["context"] and not r["context"].strip()):
     return False
   if kind == "exact_match":
     return isinstance(r["target"], str)
@@ -94,26 +98,35 @@ def _bucket(n: int) -> int:
   return max(16, 1 << (n - 1).bit_length())
 
 
-def _chunks(rows: list[list[int]], fn) -> np.ndarray:
-  """fn(tokens int32[CHUNK, bucket], lengths int32[CHUNK]) on the rows padded on the right, CHUNK rows
-  at a time (the last chunk filled with one-token rows: one program for every chunk), as host arrays
-  on every process."""
+def _chunks(rows: list[list[int]], fn, vocab: int = 0) -> np.ndarray:
+  """fn(tokens int32[n, bucket], lengths int32[n]) on the rows padded on the right, n rows at a time
+  (CHUNK, fewer where `vocab`'s float32 logits would pass LOGITS_BYTES; the last chunk filled with
+  one-token rows: one program for every chunk), as host arrays on every process."""
   width = _bucket(max(map(len, rows)))
+  n = max(1, min(CHUNK, LOGITS_BYTES // (width * vocab * 4))) if vocab else CHUNK
   out = []
-  for at in range(0, len(rows), CHUNK):
-    tokens, lengths = np.zeros((CHUNK, width), np.int32), np.ones(CHUNK, np.int32)
-    for i, r in enumerate(rows[at : at + CHUNK]):
+  for at in range(0, len(rows), n):
+    tokens, lengths = np.zeros((n, width), np.int32), np.ones(n, np.int32)
+    for i, r in enumerate(rows[at : at + n]):
       tokens[i, : len(r)], lengths[i] = r, len(r)
     out.append(np.asarray(multihost_utils.process_allgather(fn(tokens, lengths), tiled=True)))
   return np.concatenate(out)[: len(rows)]
 
 
-def loglikelihoods(model, pairs: list[tuple[list[int], list[int]]], max_len: int) -> np.ndarray:
+def loglikelihoods(
+  model, pairs: list[tuple[list[int], list[int]]], max_len: int, vocab: int = 0
+) -> np.ndarray:
   """Summed log-likelihood of each continuation after its context, in float64."""
   from model import kv_cache
 
   rows = [(ctx + cont)[-(max_len + 1) :] for ctx, cont in pairs]
-  logp = _chunks(rows, lambda tokens, _: kv_cache.token_logprobs(model, tokens)[0]).astype(np.float64)
+  if too_long := [i for i, (_, cont) in enumerate(pairs) if not 0 < len(cont) <= max_len]:
+    raise UserError(
+      f"a choice of item {too_long[0]} encodes to {len(pairs[too_long[0]][1])} tokens: each must be 1 to "
+      f"data.seq_len={max_len}"
+    )
+  score = lambda tokens, _: kv_cache.token_logprobs(model, tokens)[0]
+  logp = _chunks(rows, score, vocab).astype(np.float64)
   # Token j of a row is predicted at position j - 1; the continuation is the row's last len(cont) tokens.
   ends = [(len(r) - len(c) - 1, len(r) - 1) for r, (_, c) in zip(rows, pairs, strict=True)]
   return np.array([logp[i, lo:hi].sum() for i, (lo, hi) in enumerate(ends)])
@@ -128,11 +141,11 @@ def continuations(model, prompts: list[list[int]], new_tokens: int) -> np.ndarra
 
 def score(kind: str, records: list[dict], model, tokenizer, config) -> tuple[dict, list]:
   """({metric: value}, per-item results: the choices' log-likelihoods, or the generated text)."""
-  encode = lambda text: [int(i) for i in tokenizer.encode(text.encode("utf-8"), "a task")]
+  encode = tokenizer.encode_text
   seq_len, eos = config.data.seq_len, tokenizer.eos_id
   if kind == "multiple_choice":
     pairs = [encode_pair(encode, r["context"], " " + c, eos) for r in records for c in r["choices"]]
-    flat, items, at = loglikelihoods(model, pairs, seq_len), [], 0
+    flat, items, at = loglikelihoods(model, pairs, seq_len, config.model.vocab_size), [], 0
     for r in records:
       items.append(flat[at : at + len(r["choices"])].tolist())
       at += len(r["choices"])
@@ -146,8 +159,7 @@ def score(kind: str, records: list[dict], model, tokenizer, config) -> tuple[dic
   texts = []
   for row in continuations(model, prompts, new):
     ends = np.flatnonzero(row == eos)
-    row = row[: ends[0] if ends.size else len(row)]
-    texts.append(tokenizer.decode(row[row != tokenizer.pad_id]).split(STOP)[0])  # lm-eval skips specials.
+    texts.append(tokenizer.decode_text(row[: ends[0] if ends.size else len(row)]).split(STOP)[0])
   return {
     "exact_match": float(np.mean([t == r["target"] for t, r in zip(texts, records, strict=True)]))
   }, texts

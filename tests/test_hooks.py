@@ -118,6 +118,15 @@ def test_a_malformed_evaluator_is_one_error(made, problem, monkeypatch):
     hooks.load_evaluators(lm, tiny_config())
 
 
+def test_an_evaluator_named_like_the_emas_metrics_is_refused(monkeypatch):
+  from trainer import evaluate
+
+  monkeypatch.setattr(lm, "evaluators", lambda config: [hooks.Evaluator("ema", print)], raising=False)
+  config = tiny_config()
+  with pytest.raises(UserError, match="'ema' of .*: its name is used twice"):
+    evaluate.evaluators(components.build(config, with_data=False), config)
+
+
 @pytest.mark.parametrize(
   "made, problem",
   [

@@ -27,11 +27,14 @@ def weight_sets(experiment, state) -> dict[str, tuple]:
   return sets | ({"ema": (state.ema, state.variables)} if state.ema else {})
 
 
-def evaluate(comp: components.Components, eval_step, state, config, step: int = 0, evaluators=()) -> dict:
+def evaluate(
+  comp: components.Components, eval_step, state, config, step: int = 0, evaluators=(), watch=None
+) -> dict:
   """Held-out loss over up to `eval_steps` batches of each held-out set, for each weight set: sums and
   counts added up, divided once (eval_loss, eval_ema_loss for the set "ema", eval_NAME_loss for the
   experiment's held-out set NAME); then the evaluators (trainer/hooks.Evaluator), eval_NAME_METRIC,
-  given `step` (the state's).
+  given `step` (the state's), each run on each weight set after `watch()` (the watchdog's new budget:
+  a task's length is the fork's, not a step's).
   Never wraps around: when a held-out set is smaller, each of its examples counts once."""
   sets = weight_sets(comp.experiment, state)
   row = {}
@@ -46,7 +49,7 @@ def evaluate(comp: components.Components, eval_step, state, config, step: int = 
       row.update({f"{prefix}{name + '_' if name else ''}{k}": float(v) / count for k, v in sums.items()})
     row[f"{prefix}examples"] = plan.examples_before(batches)
   for e in evaluators:
-    row.update(_run_evaluator(comp, e, sets, config, step))
+    row.update(_run_evaluator(comp, e, sets, config, step, watch))
   return row
 
 
@@ -68,7 +71,7 @@ def _loss_sums(comp, eval_step, sets: dict, local, batches: int) -> dict:
   return jax.device_get(totals)
 
 
-def _run_evaluator(comp, evaluator, sets: dict, config, step: int) -> dict:
+def _run_evaluator(comp, evaluator, sets: dict, config, step: int, watch) -> dict:
   """One evaluator on each weight set: {eval_[SET_]NAME_METRIC: value} where it ran."""
   row = {}
   for name, (params, variables) in sets.items():
@@ -81,6 +84,8 @@ def _run_evaluator(comp, evaluator, sets: dict, config, step: int) -> dict:
       return {str(k): float(v) for k, v in metrics.items()}
 
     what = f"evaluator {evaluator.name!r}"
+    if watch is not None:
+      watch()
     metrics = call(what, evaluator.on, step, (params, variables, {}), config.watchdog.step_timeout_s, body)
     prefix = f"eval_{name + '_' if name else ''}{evaluator.name}_"
     row.update({prefix + k: v for k, v in (metrics or {}).items()})
@@ -88,8 +93,9 @@ def _run_evaluator(comp, evaluator, sets: dict, config, step: int) -> dict:
 
 
 def evaluators(comp: components.Components, config) -> list:
-  """The experiment's evaluators, their names apart from its held-out sets'."""
-  return load_evaluators(comp.experiment, config, taken=set(comp.sources.eval_sets) if comp.sources else ())
+  """The experiment's evaluators, their names apart from its held-out sets' and the EMA's metrics'."""
+  held_out = set(comp.sources.eval_sets) if comp.sources else set()
+  return load_evaluators(comp.experiment, config, taken=held_out | {"ema"})
 
 
 def evaluate_checkpoint(config, workdir: str) -> dict:
@@ -112,7 +118,15 @@ def evaluate_checkpoint(config, workdir: str) -> dict:
     watchdog.beat("eval", restored.step, w.compile_timeout_s + w.step_timeout_s)  # Compiles, then runs.
     row = {
       "step": restored.step,
-      **evaluate(comp, make_eval_step(comp), restored.state, config, restored.step, evaluators(comp, config)),
+      **evaluate(
+        comp,
+        make_eval_step(comp),
+        restored.state,
+        config,
+        restored.step,
+        evaluators(comp, config),
+        watch=lambda: watchdog.beat("eval", restored.step, w.compile_timeout_s),
+      ),
       "devices": device_label(),
     }
   finally:

@@ -198,11 +198,12 @@ class Loop:
   @contextlib.contextmanager
   def _saved_if_fork_code_fails(self, step: int, saved: bool):
     """A hook or an evaluator that raises ends the run; nothing is lost: every process saves this
-    step (unless it just did), then stops."""
+    step (unless it just did, or its state is not finite), then stops."""
     try:
       yield
     except hooks_lib.HookFailed:
-      if not saved:
+      # Never a non-finite state (the steps since the last check, checked now): the last save stands.
+      if not saved and self.window.first_nonfinite_step() is None:
         self.run.ckpt.save(step, self.state, self._position(step, ended=True), self.config, self.run.meta)
       raise
 
@@ -232,7 +233,9 @@ class Loop:
     """Evaluates and logs at step `at`; the first evaluation compiles the evaluation step."""
     w = self.config.watchdog
     with self.clock.phase("eval", at, w.step_timeout_s if self._eval_compiled else w.compile_timeout_s):
-      row = evaluate(self.run.comp, self.run.eval_step, self.state, self.config, at, self.evaluators)
+      # Each evaluator within the longest budget the watchdog grants: its length is the fork's task's.
+      watch = lambda: self.clock.watchdog.beat("eval", at, w.compile_timeout_s)
+      row = evaluate(self.run.comp, self.run.eval_step, self.state, self.config, at, self.evaluators, watch)
     self._eval_compiled = True
     self.run.log.write({"step": at, "time": time.time(), **row})
     return row

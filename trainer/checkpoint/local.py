@@ -122,16 +122,15 @@ class LocalTier:
 
   def _send_to_partner(self, step: int, manifest: dict) -> None:
     """Streams the copy to the partner, again while the link fails for up to the peer timeout: a flap
-    shorter than that costs nothing (the partner drops a half-received copy as torn); a partition
-    longer ends the run, as liveness would."""
+    shorter than that costs nothing (the partner drops a half-received copy as torn, and a copy is
+    checked against its sha256 before any use); a partition longer ends the run, as liveness would."""
     header = json.dumps(manifest).encode()
     prefix = len(header).to_bytes(8, "big") + header
     deadline = time.time() + self.link_timeout_s
     while True:
       with open(os.path.join(self.own, str(step), copies.SHARDS), "rb") as f:
-        try:
-          left = max(deadline - time.time(), 1.0)
-          peers.request(self._addresses()[self.partner], PUT, prefix, left, file=f)
+        try:  # Each attempt may stall up to _PEER_TIMEOUT_S (a large copy on a slow link takes long).
+          peers.request(self._addresses()[self.partner], PUT, prefix, _PEER_TIMEOUT_S, file=f)
           return
         except peers.PeerError:
           if time.time() >= deadline:
