@@ -33,9 +33,9 @@ def evaluate(
   """Held-out loss over up to `eval_steps` batches of each held-out set, for each weight set: sums and
   counts added up, divided once (eval_loss, eval_ema_loss for the set "ema", eval_NAME_loss for the
   experiment's held-out set NAME); then the evaluators (trainer/hooks.Evaluator), eval_NAME_METRIC,
-  given `step` (the state's), each run on each weight set after `watch()` (the watchdog's new budget:
-  a task's length is the fork's, not a step's).
-  Never wraps around: when a held-out set is smaller, each of its examples counts once."""
+  given `step` (the state's), each run on each weight set after calling `watch` (the watchdog's new
+  budget: a task's length is the fork's, not a step's). Never wraps around: when a held-out set is
+  smaller, each of its examples counts once."""
   sets = weight_sets(comp.experiment, state)
   row = {}
   for heldout, (local, plan) in components.held_out_batches(comp).items():
