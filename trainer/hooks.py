@@ -117,35 +117,29 @@ class HookFailed(UserError):
 
 def load(experiment, config) -> list[Hook]:
   """The experiment's hooks, checked: one `error:` line for a malformed one."""
-  make = getattr(experiment, "hooks", None)
-  hooks = list(make(config)) if make is not None else []
-  names = set()
-  for h in hooks:
-    if not isinstance(h, Hook):
-      raise UserError(f"{experiment.__name__}.hooks() returned {h!r}: each must be a trainer.hooks.Hook")
-    if problem := _problem(h, names):
-      raise UserError(f"hook {h.name!r} of {experiment.__name__}: {problem}")
-    names.add(h.name)
-  return hooks
+  return _checked(experiment, config, Hook)
 
 
 def load_evaluators(experiment, config, taken=()) -> list[Evaluator]:
   """The experiment's evaluators, checked; `taken`: metric prefixes already in use (held-out sets)."""
-  make = getattr(experiment, "evaluators", None)
-  evaluators = list(make(config)) if make is not None else []
+  return _checked(experiment, config, Evaluator, taken)
+
+
+def _checked(experiment, config, cls: type, taken=()) -> list:
+  """What the experiment's `hooks` or `evaluators` (by `cls`) returns, each checked."""
+  kind = cls.__name__.lower()
+  make = getattr(experiment, f"{kind}s", None)
+  made = list(make(config)) if make is not None else []
   names = set(taken)
-  for e in evaluators:
-    if not isinstance(e, Evaluator):
+  for h in made:
+    if not isinstance(h, cls):
       raise UserError(
-        f"{experiment.__name__}.evaluators() returned {e!r}: each must be a trainer.hooks.Evaluator"
+        f"{experiment.__name__}.{kind}s() returned {h!r}: each must be a trainer.hooks.{cls.__name__}"
       )
-    problem = _problem(e, names) or (
-      None if re.fullmatch(r"\w+", e.name, re.ASCII) else "name it with a word"
-    )
-    if problem:
-      raise UserError(f"evaluator {e.name!r} of {experiment.__name__}: {problem}")
-    names.add(e.name)
-  return evaluators
+    if problem := _problem(h, names):
+      raise UserError(f"{kind} {h.name!r} of {experiment.__name__}: {problem}")
+    names.add(h.name)
+  return made
 
 
 def _problem(hook: Hook | Evaluator, names: set) -> str | None:
@@ -155,6 +149,8 @@ def _problem(hook: Hook | Evaluator, names: set) -> str | None:
     return "on must be 'all' or 'process_0'"
   if isinstance(hook, Hook) and (hook.every < 0 or hook.every_s < 0 or not (hook.every or hook.every_s)):
     return "every and every_s must be >= 0, and one of them > 0"
+  if isinstance(hook, Evaluator) and not re.fullmatch(r"\w+", hook.name, re.ASCII):
+    return "name it with a word"
   return None
 
 
