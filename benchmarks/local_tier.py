@@ -3,26 +3,36 @@
 against the same job with the tiers off, interleaved A B A B, for the smoke model and a ~107M-parameter
 model (benchmarks/checkpoint.py's LARGE, on fsdp 8). Prints seconds per step over the steps after the first
 logging window (wall time between metrics rows: every blocking copy and save included), the ratio
-off / on (1.0: no cost; the goal is >= 0.97), and the host memory the tiers hold per process.
+off / on (1.0: no cost; the goal is >= 0.97), and the host memory the tiers hold per process. The
+copies go where they go by default: a folder under /dev/shm where there is one.
 
   .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m]
+  .venv/bin/python benchmarks/local_tier.py --pieces [--mib=6.4]
+
+--pieces times what one copy of that many MiB costs a process's CPU, in one process without devices:
+writing it to a new file in that folder, over an older copy's file (what the tiers do), and its sha256.
 
 Logical CPU devices share this machine's cores with the writer threads: the ratio, not the seconds,
 carries over, and a GPU host copies over PCIe instead.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 from checkpoint import LARGE  # noqa: E402
+
+sys.path.insert(0, REPO)
+from trainer.checkpoint.local import default_dir  # noqa: E402
 
 FLAGS = [
   "--config=configs/smoke_cpu.py",
@@ -38,7 +48,7 @@ def seconds_per_step(model: dict, steps: int, local_every: int, workdir: str) ->
   flags = [*FLAGS, f"--config.steps={steps}", f"--config.checkpoint.every={steps}"]
   flags += [f"--config.{k}={v}" for k, v in model.items()]
   flags += [f"--config.checkpoint.local_every={local_every}", f"--workdir={workdir}"]
-  flags += [f"--config.checkpoint.local_dir={workdir}-local"]
+  flags += [f"--config.checkpoint.local_dir={workdir}-local"]  # Under the base: /dev/shm where it exists.
   launcher = [sys.executable, "launch/local.py", "--processes=2", "--cpu_devices=4", "--"]
   result = subprocess.run(launcher + flags, cwd=REPO, capture_output=True, text=True, timeout=1800)
   if result.returncode:
@@ -51,12 +61,50 @@ def seconds_per_step(model: dict, steps: int, local_every: int, workdir: str) ->
   return (last["time"] - first["time"]) / (last["step"] - first["step"]), (sizes[0] if sizes else "")
 
 
+def base() -> str:
+  """Where the tiers' copies go by default (trainer/checkpoint/local.py's default_dir)."""
+  return os.path.dirname(default_dir("benchmark"))
+
+
+def pieces(mib: float, repeats: int = 30) -> None:
+  """Milliseconds of one copy's pieces of work, each the median of `repeats`."""
+  blob = memoryview(os.urandom(int(mib * 2**20)))
+
+  def ms(fn) -> float:
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      fn()
+      times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+  with tempfile.TemporaryDirectory(dir=base()) as folder:
+    path = os.path.join(folder, "shards")
+
+    def new_file():
+      with open(path + ".tmp", "wb") as f:
+        f.write(blob)
+      os.replace(path + ".tmp", path)
+
+    def over_old():
+      with open(path, "r+b") as f:
+        f.write(blob)
+
+    print(f"one copy of {mib} MiB in {folder}: milliseconds per copy")
+    print(f"  a new file {ms(new_file):.2f}, over an old file {ms(over_old):.2f}")
+    print(f"  sha256 {ms(lambda: hashlib.sha256(blob).digest()):.2f}")
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=24)
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--models", default="smoke,107m", help="which of smoke, 107m to measure")
+  parser.add_argument("--pieces", action="store_true", help="time one copy's pieces instead")
+  parser.add_argument("--mib", type=float, default=6.4, help="with --pieces: the copy's size")
   args = parser.parse_args()
+  if args.pieces:
+    return pieces(args.mib)
   print("2 processes x 4 logical CPU devices; seconds per step, copies every step against none")
   # The ~107M model fully sharded over the 8 devices: each process copies half of its 1.2 GiB state,
   # and the tiers' eight copies per process fit this machine's memory.
@@ -65,7 +113,7 @@ def main():
     model = {"smoke": {}, "107m": large}[name]
     times = {0: [], 1: []}
     size = ""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=base()) as tmp:
       for r in range(args.rounds):
         for every in (0, 1):
           s, line = seconds_per_step(model, args.steps, every, os.path.join(tmp, f"{every}-{r}"))
