@@ -240,7 +240,7 @@ def newest_common(holdings: dict[int, dict], processes: int) -> int | None:
 
 def shortfall(local_dir: str, state_bytes: int) -> str | None:
   """Why `local_dir` cannot hold the tiers' copies, or None: KEEP copies of this process's shards and
-  KEEP of its partner's, and one of each being written."""
+  KEEP of its partner's, and the spare of each that the next copy is written over."""
   try:
     os.makedirs(local_dir, exist_ok=True)
     have = shutil.disk_usage(local_dir).free + _bytes_under(local_dir)
