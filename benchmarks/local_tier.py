@@ -4,9 +4,11 @@ against the same job with the tiers off, interleaved A B A B, for the smoke mode
 model (benchmarks/checkpoint.py's LARGE, on fsdp 8). Prints seconds per step over the steps after the first
 logging window (wall time between metrics rows: every blocking copy and save included), the ratio
 off / on (1.0: no cost; the goal is >= 0.97), and the host memory the tiers hold per process. The
-copies go where they go by default: a folder under /dev/shm where there is one.
+copies go where they go by default, a folder under /dev/shm where there is one, or under --base (the
+107M model's eight copies per process, 4.8 GiB, in host memory beside two processes' devices may not fit
+a 24 GiB machine: --base=/tmp puts them in the page cache of a disk).
 
-  .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m]
+  .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m] [--base=DIR]
   .venv/bin/python benchmarks/local_tier.py --pieces [--mib=6.4]
 
 --pieces times what one copy of that many MiB costs a process's CPU, in one process without devices:
@@ -61,12 +63,12 @@ def seconds_per_step(model: dict, steps: int, local_every: int, workdir: str) ->
   return (last["time"] - first["time"]) / (last["step"] - first["step"]), (sizes[0] if sizes else "")
 
 
-def base() -> str:
+def default_base() -> str:
   """Where the tiers' copies go by default (trainer/checkpoint/local.py's default_dir)."""
   return os.path.dirname(default_dir("benchmark"))
 
 
-def pieces(mib: float, repeats: int = 30) -> None:
+def pieces(mib: float, base: str, repeats: int = 30) -> None:
   """Milliseconds of one copy's pieces of work, each the median of `repeats`."""
   blob = memoryview(os.urandom(int(mib * 2**20)))
 
@@ -78,7 +80,7 @@ def pieces(mib: float, repeats: int = 30) -> None:
       times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
-  with tempfile.TemporaryDirectory(dir=base()) as folder:
+  with tempfile.TemporaryDirectory(dir=base) as folder:
     path = os.path.join(folder, "shards")
 
     def new_file():
@@ -102,9 +104,10 @@ def main():
   parser.add_argument("--models", default="smoke,107m", help="which of smoke, 107m to measure")
   parser.add_argument("--pieces", action="store_true", help="time one copy's pieces instead")
   parser.add_argument("--mib", type=float, default=6.4, help="with --pieces: the copy's size")
+  parser.add_argument("--base", default=default_base(), help="the folder the runs and copies go under")
   args = parser.parse_args()
   if args.pieces:
-    return pieces(args.mib)
+    return pieces(args.mib, args.base)
   print("2 processes x 4 logical CPU devices; seconds per step, copies every step against none")
   # The ~107M model fully sharded over the 8 devices: each process copies half of its 1.2 GiB state,
   # and the tiers' eight copies per process fit this machine's memory.
@@ -113,7 +116,7 @@ def main():
     model = {"smoke": {}, "107m": large}[name]
     times = {0: [], 1: []}
     size = ""
-    with tempfile.TemporaryDirectory(dir=base()) as tmp:
+    with tempfile.TemporaryDirectory(dir=args.base) as tmp:
       for r in range(args.rounds):
         for every in (0, 1):
           s, line = seconds_per_step(model, args.steps, every, os.path.join(tmp, f"{every}-{r}"))

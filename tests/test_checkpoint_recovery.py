@@ -115,7 +115,8 @@ def test_a_local_copy_of_a_nonfinite_state_is_never_made(tmp_path, nan_on_batch)
   cfg = _cfg(**{"log_every": 4, "checkpoint.local_every": 1, "checkpoint.local_dir": str(local)})
   with pytest.raises(UserError, match=r"NaN/Inf at step 5 \(window 5\.\.6\)"):
     train(cfg, str(tmp_path / "run"))
-  assert sorted(os.listdir(local / "process_0" / "own")) == ["2", "3", "4"]
+  # Nothing of step 5, not even torn; step 1's copy is the spare the next copy is written over.
+  assert sorted(os.listdir(local / "process_0" / "own")) == ["2", "3", "4", "spare"]
 
 
 def test_nan_rollback_restores_the_last_good_checkpoint_and_skips_the_batches(tmp_path, nan_on_batch):
