@@ -1,9 +1,11 @@
 """Launch to first metrics row of a new run whose programs were compiled before (the user-level
 compilation cache, trainer/cluster/runtime.py): the same config run three times in three new workdirs
 sharing one cache ($XDG_CACHE_HOME set to a fresh folder, as a new user's ~/.cache): cold (an empty
-cache), then warm twice. Prints seconds from launch to the first row and the start-up phases of
-summary.json (imports, build, init, compile, first_step_check). The goal: at most 5 s warm on the smoke
-config.
+cache), then warm twice (the program, and its passed checks.first_step, from the cache:
+trainer/checks/checked_programs.py), then warm with checks.first_step_every_run=true (the check's two
+programs traced and loaded, and run). Prints seconds from launch to the first row and the start-up
+phases of summary.json (imports, build, init, compile, first_step_check). The goal: at most 5 s warm on
+the smoke config.
 
   .venv/bin/python benchmarks/fast_start.py [--config=configs/smoke_cpu.py] [-- extra main.py flags]
 
@@ -44,10 +46,12 @@ def main():
   extra = [a for a in extra if a != "--"]
   print(f"{args.config} on 8 logical CPU devices, steps 3; seconds from launch to the first metrics row")
   with tempfile.TemporaryDirectory() as tmp:
-    for i, name in enumerate(("cold", "warm", "warm again")):
-      seconds, startup = launch_to_first_row(args.config, os.path.join(tmp, f"run{i}"), tmp, extra)
+    again = ["--config.checks.first_step_every_run=true"]
+    runs = [("cold", []), ("warm", []), ("warm again", []), ("warm, check run again", again)]
+    for i, (name, flags) in enumerate(runs):
+      seconds, startup = launch_to_first_row(args.config, os.path.join(tmp, f"run{i}"), tmp, extra + flags)
       phases = ", ".join(f"{k} {v:.1f}" for k, v in startup.items())
-      print(f"  {name:>10}: {seconds:5.1f} s  (start-up: {phases})")
+      print(f"  {name:>21}: {seconds:5.1f} s  (start-up: {phases})")
 
 
 if __name__ == "__main__":

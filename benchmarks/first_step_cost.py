@@ -70,8 +70,8 @@ def main():
     with jax.set_mesh(c.mesh):
       shapes = first_step._on(t, c.shardings), first_step._on(batch, c.batch_sharding)
       compiled = make_train_step(c, cfg.microbatches, with_grads=True).lower(*shapes).compile()
-    mine = mine or first_step._fingerprint(compiled)
-    distinct = "configured" if sizes is None else str(first_step._fingerprint(compiled) != mine).lower()
+    mine = mine or first_step.fingerprint(compiled)
+    distinct = "configured" if sizes is None else str(first_step.fingerprint(compiled) != mine).lower()
     plan = (*_plan(compiled), time.time() - t0)
     name = f"{label} ({distinct})" if sizes else label
     rows.append((name, dict(c.mesh.shape), cfg.sharding.strategy, *plan))

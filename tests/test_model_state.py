@@ -61,6 +61,7 @@ FLAGS = [
   "--config.checkpoint.every=10",
   f"--config.ema.decay={EMA}",
   "--config.checks.first_step=true",  # Across processes too: the first gradients, resharded.
+  "--config.checks.first_step_every_run=true",
 ]
 
 

@@ -34,7 +34,12 @@ def test_verify_in_two_processes_on_an_expert_mesh_passes(tmp_path):
 
 def test_first_step_check_kill_resume_and_another_expert_size(tmp_path):
   whole, killed, moved = (str(tmp_path / n) for n in ("whole", "killed", "moved"))
-  result = run_main(*FLAGS, "--config.checks.first_step=True", f"--workdir={whole}")
+  result = run_main(
+    *FLAGS,
+    "--config.checks.first_step=True",
+    "--config.checks.first_step_every_run=True",
+    f"--workdir={whole}",
+  )
   assert result.returncode == 0, result.stdout + result.stderr
   # The routed step against another layout that keeps the experts split.
   other = "agree with mesh {'data': 4, 'fsdp': 1, 'expert': 2, 'context': 1, 'tensor': 1} (strategy dp)"
@@ -61,6 +66,7 @@ def test_first_step_check_kill_resume_and_another_expert_size(tmp_path):
     "--config.mesh.data=1",
     "--config.mesh.expert=4",
     "--config.checks.first_step=True",
+    "--config.checks.first_step_every_run=True",
     f"--workdir={moved}",
   )
   assert result.returncode == 0, result.stdout + result.stderr

@@ -3,6 +3,8 @@ fork, checks.first_step refuses to start training it with exit 6, and on a model
 check passes, before the first step and after a restore onto another mesh. If an XLA upgrade fixes
 the miscompile, the first test says so instead of the others passing quietly."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -12,10 +14,14 @@ from jax.sharding import PartitionSpec as P
 from configs import smoke_cpu
 from tests import xla_repro_fork
 from tests.conftest import tiny_config
+from trainer.checks import checked_programs
 from trainer.checks.first_step import Miscompiled, NonFiniteFirstStep
 from trainer.cluster import failures
 from trainer.modes.verify import verify
 from trainer.train import train
+
+# The check run whatever the session's compilation cache holds (trainer/checks/checked_programs.py).
+CHECKED = {"checks.first_step": True, "checks.first_step_every_run": True}
 
 xla_repro_fork.install()
 
@@ -28,6 +34,7 @@ def _fork_config():
   c.lock()
   c.sharding.strategy = "fsdp_tp"  # w1 (., tensor), w2 (fsdp, tensor), the batch over (data, fsdp).
   c.checks.first_step = smoke_cpu.get_config().checks.first_step
+  c.checks.first_step_every_run = True  # Whatever the session's cache holds.
   return c
 
 
@@ -65,23 +72,56 @@ def test_the_check_passes_where_xla_is_right_and_runs_again_after_a_restore_onto
   tmp_path, capsys
 ):
   agree = "checks.first_step: the first step's gradients and updates agree"
-  train(tiny_config(steps=2, **{"checks.first_step": True}), str(tmp_path))
+  train(tiny_config(steps=2, **CHECKED), str(tmp_path))
   assert agree in capsys.readouterr().out
-  same = tiny_config(steps=4, **{"checks.first_step": True})
+  same = tiny_config(steps=4, **CHECKED)
   train(same, str(tmp_path), stop_after=3)  # The same mesh: not checked again.
   assert agree not in capsys.readouterr().out
-  other = tiny_config(steps=5, **{"checks.first_step": True})
+  other = tiny_config(steps=5, **CHECKED)
   other.mesh.data, other.mesh.fsdp, other.mesh.tensor = 1, 8, 1
   train(other, str(tmp_path), stop_after=4)
   assert agree in capsys.readouterr().out
   # Microbatches change the compiled step as a mesh does: checked again, with its scan.
   train(
     tiny_config(
-      steps=5, microbatches=2, **{"checks.first_step": True, "mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1}
+      steps=5,
+      microbatches=2,
+      **{
+        **CHECKED,
+        "mesh.data": 1,
+        "mesh.fsdp": 8,
+        "mesh.tensor": 1,
+      },
     ),
     str(tmp_path),
   )
   assert agree in capsys.readouterr().out
+
+
+def test_a_program_that_passed_is_not_checked_again_until_it_changes(tmp_path, capsys, monkeypatch):
+  """A new workdir of the same config (the same compiled step) says when its check passed instead of
+  running it; checks.first_step_every_run runs it; another mesh (another program) is checked;
+  a failing check keeps nothing."""
+  monkeypatch.setattr(checked_programs, "folder", lambda: str(tmp_path / "checked"))
+  agree = "checks.first_step: the first step's gradients and updates agree"
+  config = lambda **kw: tiny_config(steps=2, **{"checks.first_step": True, **kw})
+  train(config(), str(tmp_path / "a"))
+  assert agree in capsys.readouterr().out
+  train(config(), str(tmp_path / "b"))
+  out = capsys.readouterr().out
+  assert agree not in out and "this program passed on these devices on " in out, out
+  assert f"({tmp_path / 'a'}: gradients and updates agreed with mesh " in out, out
+  train(config(**{"checks.first_step_every_run": True}), str(tmp_path / "c"))
+  assert agree in capsys.readouterr().out
+  train(config(**{"mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1}), str(tmp_path / "d"))
+  assert agree in capsys.readouterr().out
+  assert len(os.listdir(tmp_path / "checked")) == 2
+  fork = _fork_config()
+  fork.checks.first_step_every_run = False
+  for name in ("e", "f"):  # The miscompiled fork: checked and refused both times.
+    with pytest.raises(Miscompiled):
+      train(fork, str(tmp_path / name))
+  assert len(os.listdir(tmp_path / "checked")) == 2
 
 
 def test_another_layout_is_another_program_and_an_invalid_one_is_skipped(tmp_path, capsys):
@@ -93,7 +133,7 @@ def test_another_layout_is_another_program_and_an_invalid_one_is_skipped(tmp_pat
     tiny_config(
       steps=2,
       **{
-        "checks.first_step": True,
+        **CHECKED,
         "mesh.data": 8,
         "mesh.fsdp": 1,
         "mesh.tensor": 1,
@@ -107,7 +147,10 @@ def test_another_layout_is_another_program_and_an_invalid_one_is_skipped(tmp_pat
   assert (
     "agree with mesh {'data': 1, 'fsdp': 8, 'expert': 1, 'context': 1, 'tensor': 1} (strategy fsdp)" in out
   ), out
-  train(tiny_config(steps=1, global_batch_size=12, **{"checks.first_step": True}), str(tmp_path / "b"))
+  train(
+    tiny_config(steps=1, global_batch_size=12, **CHECKED),
+    str(tmp_path / "b"),
+  )
   out = capsys.readouterr().out
   assert (
     "agree with mesh {'data': 1, 'fsdp': 4, 'expert': 1, 'context': 1, 'tensor': 2} (strategy fsdp_tp)" in out
@@ -115,7 +158,15 @@ def test_another_layout_is_another_program_and_an_invalid_one_is_skipped(tmp_pat
 
 
 def test_without_another_program_the_start_says_the_check_could_not_run(tmp_path, capsys):
-  c = tiny_config(steps=1, **{"checks.first_step": True, "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1})
+  c = tiny_config(
+    steps=1,
+    **{
+      **CHECKED,
+      "mesh.data": 1,
+      "mesh.fsdp": 1,
+      "mesh.tensor": 1,
+    },
+  )
   train(c, str(tmp_path), devices=jax.devices()[:1])
   out = capsys.readouterr().out
   assert "checks.first_step could not run: one device has no other layout" in out, out
@@ -130,6 +181,6 @@ def test_a_non_finite_first_step_has_its_own_line_and_exit_code(tmp_path, monkey
     lm, "loss_sums", lambda *a, **k: (loss_sums(*a, **k)[0] * jnp.nan, *loss_sums(*a, **k)[1:])
   )
   with pytest.raises(NonFiniteFirstStep, match="not finite") as e:
-    train(tiny_config(steps=2, **{"checks.first_step": True}), str(tmp_path))
+    train(tiny_config(steps=2, **CHECKED), str(tmp_path))
   line, code = failures.error_line(e.value, str(tmp_path))
   assert code == failures.NONFINITE_FIRST_STEP_EXIT == 7 and "not a partitioning question" in line

@@ -15,7 +15,7 @@ from trainer import state as state_lib
 from trainer import summary as summary_lib
 from trainer.checkpoint import local as local_tiers
 from trainer.checkpoint import restore, store, tree
-from trainer.checks import first_step, integrity
+from trainer.checks import checked_programs, first_step, integrity
 from trainer.cluster import interrupts, multihost, runtime
 from trainer.cluster.preemption import Preemption
 from trainer.cluster.watchdog import Watchdog
@@ -126,11 +126,7 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
       and not multihost.all_agree("first_step_layout", same_layout, timeout_s)
     ):
       with clock.phase("compile", first) as phase:  # The first step's two programs (the loop runs them).
-        check = first_step.FirstStepCheck(
-          comp, config, make_train_step, run.target, run.batch_spec, resumed=first > 0
-        )
-        run.first_train_step = check if check.other else None
-        del check  # Its programs live only until the first step has run.
+        _check_first_step(run, first, meta)
       run.startup["first_step_check"] = phase.seconds
     run.devices = list(comp.mesh.devices.flat)
     run.device_label = device_label(run.devices)
@@ -170,6 +166,22 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
   multihost.barrier("end_of_training", timeout_s=config.watchdog.step_timeout_s)
   summary_lib.closing_lines(loop, split, config.steps, comp.sources.loss_floor)
   return summary
+
+
+def _check_first_step(run: Run, first: int, meta: dict) -> None:
+  """Compiles checks.first_step's two programs for the loop's first step, unless every process has a
+  record of this very program passing on these devices (trainer/checks/checked_programs.py)."""
+  config, timeout_s = run.config, run.config.watchdog.startup_timeout_s
+  name = checked_programs.key(first_step.fingerprint(run.train_step), meta)
+  verdict = None if config.checks.first_step_every_run else checked_programs.passed(name)
+  if multihost.all_agree("first_step_checked", verdict is not None, timeout_s):
+    console(checked_programs.line(verdict))
+    return
+  record = lambda other, worst: checked_programs.record(name, run.workdir, other, worst)
+  check = first_step.FirstStepCheck(
+    run.comp, config, make_train_step, run.target, run.batch_spec, resumed=first > 0, on_pass=record
+  )
+  run.first_train_step = check if check.other else None  # Its programs live until the first step ran.
 
 
 def _agree(comp, config, meta: dict, workdir: str) -> None:

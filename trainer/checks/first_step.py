@@ -1,6 +1,7 @@
 """checks.first_step: XLA's SPMD partitioning of the real train step checked on the real devices, at a
 run's first step and whenever its layout changes (mesh, strategy, rules, microbatches, jax or jaxlib,
-XLA_FLAGS).
+XLA_FLAGS), unless this very compiled step passed before on these devices
+(trainer/checks/checked_programs.py).
 
 The run's first step is the train step the loop compiles (microbatches, optimizer update, donation),
 compiled with two more outputs: the divided, unclipped gradients and the params' update. The same
@@ -101,7 +102,7 @@ def _without_attribute(line: str, name: str) -> str:
   return line
 
 
-def _fingerprint(compiled) -> str:
+def fingerprint(compiled) -> str:
   """The partitioned program's instructions without debug information or the sharding annotations
   left on them (their per-device shapes and collectives are the partitioning): the same program
   traced from two lines of Python, or two configs that partition alike, fingerprint the same."""
@@ -134,8 +135,9 @@ class FirstStepCheck:
   called as the loop's first step: (state, batch) -> (new state, metrics), the configured layout's.
   `other` is None where no other layout is valid, distinct and fits: the loop's own step runs then."""
 
-  def __init__(self, comp, config, make_train_step, state_shapes, batch_shapes, resumed: bool):
+  def __init__(self, comp, config, make_train_step, state_shapes, batch_shapes, resumed: bool, on_pass=None):
     self.comp, self.config, self.other, self.resumed = comp, config, None, resumed
+    self.on_pass = on_pass  # Called with the other layout's label and the worst ratios once they agree.
     devices = list(comp.mesh.devices.flat)
     m = config.microbatches
     if len(devices) == 1:
@@ -143,7 +145,7 @@ class FirstStepCheck:
       return
     with jax.set_mesh(comp.mesh):
       self.mine = make_train_step(comp, m, with_grads=True).lower(state_shapes, batch_shapes).compile()
-    mine_print, skipped = _fingerprint(self.mine), []
+    mine_print, skipped = fingerprint(self.mine), []
     mine_device = next(d for d in devices if d.process_index == jax.process_index())
     for sizes, strategy in candidates(devices, comp.mesh.shape["expert"], comp.mesh.shape["context"]):
       label = f"mesh {dict(zip(mesh_lib.AXES, sizes, strict=True))} (strategy {strategy})"
@@ -160,7 +162,7 @@ class FirstStepCheck:
       except Exception as e:  # noqa: BLE001 - XLA's error, for a layout the user never asked for.
         reason = f"does not compile ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]})"
       else:
-        if _fingerprint(compiled) == mine_print:
+        if fingerprint(compiled) == mine_print:
           reason = "compiles to the same program"
         elif not _fits(compiled, self.mine, mine_device):
           reason = "does not fit the devices' free memory"
@@ -230,6 +232,8 @@ class FirstStepCheck:
         "partitioned the step wrongly; use another mesh or sharding.rules (restarting fails the same way)"
       )
     worst = {what: max(rs.values(), default=0.0) for what, rs in ratios.items()}
+    if self.on_pass is not None:
+      self.on_pass(self.other.label, worst)
     console(
       f"checks.first_step: the first step's gradients and updates agree with {self.other.label}: "
       f"worst {worst['gradients']:.1e} and {worst['updates']:.1e} ({limits})"

@@ -260,6 +260,15 @@ KEYS = {
     "exit 6 if their gradients or updates disagree: XLA partitioned the step wrongly "
     "(trainer/checks/first_step.py). Costs two compiles, a copy of the state and one more step.",
   ),
+  "checks.first_step_every_run": Key(
+    False,
+    boolean,
+    keys.FREE,
+    "Run checks.first_step even for a program it passed before on these devices. By default a passed "
+    "check is kept beside the compilation cache, and a new run of the very same compiled step (a new "
+    "workdir of the same config) says when it passed instead of checking it again "
+    "(trainer/checks/checked_programs.py).",
+  ),
   # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in
   # WORKDIR/profile/process_I (TensorBoard's profile plugin, or Perfetto), read back into each
   # process's compute / collective / wait / idle split (processes/process_I.jsonl and a console table).
