@@ -216,11 +216,14 @@ def test_a_torn_or_garbled_copy_is_never_whole(tmp_path):
   local_copies.write_copy(str(tmp_path), 3, blob, manifest)
   local_copies.write_copy(str(tmp_path), 4, blob, {**manifest, "step": 4})
   (tmp_path / "5.tmp").mkdir()  # A kill before the rename.
+  (tmp_path / "5.tmp" / "shards.pkl").write_bytes(b"shar")
   assert local_copies.whole_copies(str(tmp_path)) == {3: "f", 4: "f"}
   (tmp_path / "4" / "shards.pkl").write_bytes(b"shardz")  # Damaged after the fact.
   assert local_copies.whole_copies(str(tmp_path)) == {3: "f"}
+  torn = os.stat(tmp_path / "5.tmp" / "shards.pkl").st_ino
   for step in (5, 6, 7):
     local_copies.write_copy(str(tmp_path), step, blob, {**manifest, "step": step})
+  assert os.stat(tmp_path / "5" / "shards.pkl").st_ino == torn  # Written over, as a spare is.
   # The newest KEEP and the copy out of them kept as the spare; torn leftovers removed.
   assert sorted(os.listdir(tmp_path)) == ["5", "6", "7", "spare"]
   assert os.listdir(tmp_path / "spare") == ["shards.pkl"]  # Its manifest gone: never whole.

@@ -109,7 +109,7 @@ def test_a_program_that_passed_is_not_checked_again_until_it_changes(tmp_path, c
   assert agree in capsys.readouterr().out
   train(config(), str(tmp_path / "b"))
   out = capsys.readouterr().out
-  assert agree not in out and "this program passed on these devices on " in out, out
+  assert agree not in out and "this train step passed on these devices on " in out, out
   assert f"({tmp_path / 'a'}: gradients and updates agreed with mesh " in out, out
   train(config(**{"checks.first_step_every_run": True}), str(tmp_path / "c"))
   assert agree in capsys.readouterr().out
@@ -180,7 +180,9 @@ def test_a_non_finite_first_step_has_its_own_line_and_exit_code(tmp_path, monkey
   monkeypatch.setattr(
     lm, "loss_sums", lambda *a, **k: (loss_sums(*a, **k)[0] * jnp.nan, *loss_sums(*a, **k)[1:])
   )
+  monkeypatch.setattr(checked_programs, "folder", lambda: str(tmp_path / "checked"))
   with pytest.raises(NonFiniteFirstStep, match="not finite") as e:
     train(tiny_config(steps=2, **CHECKED), str(tmp_path))
   line, code = failures.error_line(e.value, str(tmp_path))
   assert code == failures.NONFINITE_FIRST_STEP_EXIT == 7 and "not a partitioning question" in line
+  assert not (tmp_path / "checked").exists()  # Nothing compared: nothing kept.

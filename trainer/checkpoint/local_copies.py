@@ -37,11 +37,9 @@ class HashingWriter:
 def stage(folder: str, step: int, fill: Callable, hashed: bool = True) -> str | None:
   """Writes STEP.tmp/shards.pkl with `fill(writer)`, over the spare copy's file where there is one; the
   sha256 of what it wrote where `hashed`."""
-  tmp, spare = os.path.join(folder, f"{step}.tmp"), os.path.join(folder, SPARE)
-  shutil.rmtree(tmp, ignore_errors=True)
-  try:
-    os.replace(spare, tmp)
-  except OSError:  # No spare yet (the first KEEP copies), or a file where a folder should be.
+  tmp = os.path.join(folder, f"{step}.tmp")
+  if not _reuse(folder, tmp):  # No spare yet: the first KEEP copies.
+    shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
   path = os.path.join(tmp, SHARDS)
   with open(path, "r+b" if os.path.exists(path) else "wb") as f:
@@ -49,6 +47,19 @@ def stage(folder: str, step: int, fill: Callable, hashed: bool = True) -> str | 
     fill(writer)
     f.truncate()  # An older, longer copy's tail.
   return writer.sha256.hexdigest() if hashed else None
+
+
+def _reuse(folder: str, tmp: str) -> bool:
+  """Renames the spare, else a torn copy a kill left, to `tmp` to be written over; whether one was."""
+  torn = sorted(n for n in os.listdir(folder) if n.endswith(".tmp"))
+  for name in (SPARE, *torn):
+    old = os.path.join(folder, name)
+    if os.path.isfile(os.path.join(old, SHARDS)):
+      if old != tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.replace(old, tmp)
+      return True
+  return False
 
 
 def commit(folder: str, step: int, manifest: dict) -> None:

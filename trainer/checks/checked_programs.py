@@ -4,20 +4,30 @@ the same config say, says so in one line and runs no second layout, unless check
 
 The key is the loop's own compiled step (its instructions without debug information or sharding
 annotations: first_step's fingerprint, which names its per-device shapes and collectives) with the
-device kind, platform, process count and layout (jax, jaxlib, XLA_FLAGS). The check is of XLA's
-partitioning of that program, which the same program on the same devices repeats exactly; a run's
-own values are what checks.replicas and checks.recompute check. Another model, config, step count,
-mesh, version or flag is another key and is checked. Where the cache is off nothing is kept.
+device kind, platform, process count, layout (jax, jaxlib, XLA_FLAGS) and the source of the check and
+of the step it compiles (CHECKER). The check is of XLA's partitioning, which the same program on the
+same devices repeats exactly: another model, optimizer, schedule, mesh, version or flag compiles
+another program and is checked. What the check does not repeat is the values: a first step that is not
+finite (another seed or other data under the same program) is then the loop's own NaN/Inf
+handling (checkpoint.on_nonfinite) rather than exit 7; a run's values on later steps are what
+checks.replicas and checks.recompute check. Where the compilation cache is off nothing is kept; with
+compilation_cache=workdir the records stay in each workdir.
 """
 
 import datetime
 import hashlib
 import json
 import os
+import tempfile
 
 import jax
 
 FOLDER = "first_step_checked"  # Inside the cache folder: JAX's eviction only touches its own files.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# A change to the check, its comparison or the step it compiles with gradients invalidates every record.
+CHECKER = [os.path.join(_HERE, f) for f in ("first_step.py", "compare.py", "checked_programs.py")]
+CHECKER.append(os.path.join(os.path.dirname(_HERE), "step.py"))
+_FIELDS = ("when", "workdir", "other")
 
 
 def folder() -> str | None:
@@ -28,21 +38,27 @@ def folder() -> str | None:
 
 def key(fingerprint: str, meta: dict) -> str:
   """The verdict's name: the compiled step's fingerprint on these devices under this layout."""
+  checker = hashlib.sha256()
+  for path in CHECKER:
+    with open(path, "rb") as f:
+      checker.update(f.read())
   what = {
     "program": fingerprint,
+    "checker": checker.hexdigest(),
     **{k: meta[k] for k in ("device_kind", "platform", "device_count", "process_count", "layout")},
   }
   return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def passed(name: str) -> dict | None:
-  """The record of this program's passed check, or None (never checked here, or unreadable)."""
+  """The record of this program's passed check, or None (never checked here, unreadable or not one)."""
   where = folder()
   try:
     with open(os.path.join(where, f"{name}.json")) as f:
-      return json.load(f)
+      entry = json.load(f)
   except (OSError, TypeError, ValueError):
     return None
+  return entry if isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in _FIELDS) else None
 
 
 def record(name: str, workdir: str, other: str, worst: dict) -> None:
@@ -59,8 +75,8 @@ def record(name: str, workdir: str, other: str, worst: dict) -> None:
   }
   try:
     os.makedirs(where, exist_ok=True)
-    tmp = os.path.join(where, f"{name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=where)  # A name of its own on a folder pods share.
+    with os.fdopen(fd, "w") as f:
       json.dump(entry, f)
     os.replace(tmp, os.path.join(where, f"{name}.json"))
   except OSError:
@@ -69,7 +85,7 @@ def record(name: str, workdir: str, other: str, worst: dict) -> None:
 
 def line(entry: dict) -> str:
   return (
-    f"checks.first_step: this program passed on these devices on {entry['when']} ({entry['workdir']}: "
+    f"checks.first_step: this train step passed on these devices on {entry['when']} ({entry['workdir']}: "
     f"gradients and updates agreed with {entry['other']}); not run again "
     "(checks.first_step_every_run=true runs it)"
   )

@@ -258,7 +258,8 @@ KEYS = {
     "microbatches, jax, XLA_FLAGS), run the real train step once more from the same state and batch "
     "under another layout of the same devices that compiles to another program and fits, and stop with "
     "exit 6 if their gradients or updates disagree: XLA partitioned the step wrongly "
-    "(trainer/checks/first_step.py). Costs two compiles, a copy of the state and one more step.",
+    "(trainer/checks/first_step.py). Costs two compiles, a copy of the state and one more step. A "
+    "train step that passed before on these devices is not checked again: checks.first_step_every_run.",
   ),
   "checks.first_step_every_run": Key(
     False,
@@ -266,7 +267,8 @@ KEYS = {
     keys.FREE,
     "Run checks.first_step even for a program it passed before on these devices. By default a passed "
     "check is kept beside the compilation cache, and a new run of the very same compiled step (a new "
-    "workdir of the same config) says when it passed instead of checking it again "
+    "workdir of the same config, where the cache is shared) says when it passed instead of checking it "
+    "again; a first step that is not finite is then the loop's NaN/Inf handling, not exit 7 "
     "(trainer/checks/checked_programs.py).",
   ),
   # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in
