@@ -35,14 +35,14 @@ class HashingWriter:
 
 
 def stage(folder: str, step: int, fill: Callable, hashed: bool = True) -> str | None:
-  """Writes STEP.tmp/shards.pkl with `fill(writer)`, over the spare copy's file where there is one; the
-  sha256 of what it wrote where `hashed`."""
+  """Writes STEP.tmp/shards.pkl with `fill(writer)`, over the spare's or a torn copy's file where there
+  is one; the sha256 of what it wrote where `hashed`."""
   tmp = os.path.join(folder, f"{step}.tmp")
-  if not _reuse(folder, tmp):  # No spare yet: the first KEEP copies.
+  reused = _reuse(folder, tmp)
+  if not reused:  # No spare yet: the first KEEP copies.
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-  path = os.path.join(tmp, SHARDS)
-  with open(path, "r+b" if os.path.exists(path) else "wb") as f:
+  with open(os.path.join(tmp, SHARDS), "r+b" if reused else "wb") as f:
     writer = HashingWriter(f) if hashed else f
     fill(writer)
     f.truncate()  # An older, longer copy's tail.
