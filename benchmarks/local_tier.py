@@ -12,7 +12,8 @@ a 24 GiB machine: --base=/tmp puts them in the page cache of a disk).
   .venv/bin/python benchmarks/local_tier.py --pieces [--mib=6.4]
 
 --pieces times what one copy of that many MiB costs a process's CPU, in one process without devices:
-writing it to a new file in that folder, over an older copy's file (what the tiers do), and its sha256.
+writing it to a new file in that folder, over an older copy's file (what the tiers do), and its
+checksum (XXH3-128; sha256 beside it).
 
 Logical CPU devices share this machine's cores with the writer threads: the ratio, not the seconds,
 carries over, and a GPU host copies over PCIe instead.
@@ -35,6 +36,7 @@ from checkpoint import LARGE  # noqa: E402
 
 sys.path.insert(0, REPO)
 from trainer.checkpoint.local import default_dir  # noqa: E402
+from trainer.checkpoint.local_copies import checksum  # noqa: E402
 
 FLAGS = [
   "--config=configs/smoke_cpu.py",
@@ -94,7 +96,8 @@ def pieces(mib: float, base: str, repeats: int = 30) -> None:
 
     print(f"one copy of {mib} MiB in {folder}: milliseconds per copy")
     print(f"  a new file {ms(new_file):.2f}, over an old file {ms(over_old):.2f}")
-    print(f"  sha256 {ms(lambda: hashlib.sha256(blob).digest()):.2f}")
+    sha256 = ms(lambda: hashlib.sha256(blob).digest())
+    print(f"  its checksum (XXH3-128) {ms(lambda: checksum(blob)):.2f}, sha256 {sha256:.2f}")
 
 
 def main():

@@ -7,7 +7,6 @@ copy is being made whole (torn), and with both copies of its shards gone. The lo
 uninterrupted run's bit for bit, and each restart says which tier and copy it resumed from.
 """
 
-import hashlib
 import os
 import re
 import shutil
@@ -206,13 +205,9 @@ def test_the_partner_lives_on_another_host_where_there_is_one():
   assert local.newest_common(holdings, 2) == 4
 
 
-def _sha(blob: bytes) -> str:
-  return hashlib.sha256(blob).hexdigest()
-
-
 def test_a_torn_or_garbled_copy_is_never_whole(tmp_path):
   blob = b"shards"
-  manifest = {"step": 3, "sha256": _sha(blob), "fingerprint": "f"}
+  manifest = {"step": 3, local_copies.CHECKSUM: local_copies.checksum(blob), "fingerprint": "f"}
   local_copies.write_copy(str(tmp_path), 3, blob, manifest)
   local_copies.write_copy(str(tmp_path), 4, blob, {**manifest, "step": 4})
   (tmp_path / "5.tmp").mkdir()  # A kill before the rename.
@@ -230,7 +225,8 @@ def test_a_torn_or_garbled_copy_is_never_whole(tmp_path):
   assert sorted(local_copies.whole_copies(str(tmp_path))) == [5, 6, 7]
   spare = os.stat(tmp_path / "spare" / "shards.pkl").st_ino
   short = b"s"  # Written over the spare's longer file: its tail cut, its checksum whole.
-  local_copies.write_copy(str(tmp_path), 8, short, {**manifest, "step": 8, "sha256": _sha(short)})
+  manifest = {**manifest, "step": 8, local_copies.CHECKSUM: local_copies.checksum(short)}
+  local_copies.write_copy(str(tmp_path), 8, short, manifest)
   assert os.stat(tmp_path / "8" / "shards.pkl").st_ino == spare
   assert local_copies.read_copy(str(tmp_path), 8)[1] == short
   assert sorted(os.listdir(tmp_path)) == ["6", "7", "8", "spare"]

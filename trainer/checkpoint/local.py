@@ -107,12 +107,12 @@ class LocalTier:
       if not all(bool(ok) for ok, _ in jax.device_get(finite_flags)):
         return  # The loop rolls back when it checks these steps; their copies must not exist.
       record["shards"] = host_copy(on_devices.pop())  # Its device memory freed once on the host.
-      sha = copies.stage(self.own, step, lambda w: pickle.dump(record, w, protocol=5))
+      digest = copies.stage(self.own, step, lambda w: pickle.dump(record, w, protocol=5))
       self._released.wait()
       if not self._kept:  # The loop failed before the step's rows: the copy is dropped.
         shutil.rmtree(os.path.join(self.own, f"{step}.tmp"), ignore_errors=True)
         return
-      manifest = {**manifest, "fingerprint": self.fingerprint, "sha256": sha}
+      manifest = {**manifest, "fingerprint": self.fingerprint, copies.CHECKSUM: digest}
       copies.commit(self.own, step, manifest)
       if self.partner is not None:
         self._send_to_partner(step, manifest)
@@ -123,7 +123,7 @@ class LocalTier:
   def _send_to_partner(self, step: int, manifest: dict) -> None:
     """Streams the copy to the partner, again while the link fails for up to the peer timeout: a flap
     shorter than that costs nothing (the partner drops a half-received copy as torn, and a copy is
-    checked against its sha256 before any use); a partition longer ends the run, as liveness would."""
+    checked against its checksum before any use); a partition longer ends the run, as liveness would."""
     header = json.dumps(manifest).encode()
     prefix = len(header).to_bytes(8, "big") + header
     deadline = time.time() + self.link_timeout_s
@@ -154,8 +154,8 @@ class LocalTier:
   # --- The peer service's side: copies of a partner's shards.
   def _receive(self, sock, length: int) -> bytes:
     """A partner's copy, streamed from the socket to its file, whole once every byte has arrived. Not
-    hashed here (CPU time that logical CPU devices take from the step): its sha256 is checked before it
-    is ever used, as every copy's is (holdings), so a copy damaged on the way is skipped, never trusted."""
+    checksummed here (CPU time that logical CPU devices take from the step): its checksum is checked
+    before it is ever used, as every copy's is (holdings), so a copy damaged on the way is skipped."""
     n = int.from_bytes(peers.read_exactly(sock, 8), "big")
     manifest = json.loads(peers.read_exactly(sock, n))
     folder, step = self.held(int(manifest["process"])), int(manifest["step"])
@@ -202,7 +202,7 @@ class LocalTier:
       )
       n = int.from_bytes(body[:8], "big")
       manifest, blob = json.loads(body[8 : 8 + n]), memoryview(body)[8 + n :]  # A view: no second copy.
-      if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
+      if copies.checksum(blob) != manifest[copies.CHECKSUM]:
         raise OSError(f"process {holder}'s copy of step {step} arrived damaged")
       copy, where = (manifest, blob), f"process {holder}'s copy"
     return pickle.loads(copy[1]), where
