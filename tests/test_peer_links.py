@@ -1,7 +1,10 @@
 """The peer service's framing and probe, the probe schedule, and a lost link named from real probes on
 127.0.0.1, without a job (tests/test_network_faults.py cuts a link between three hosts of a real job)."""
 
+import errno
+import os
 import socket
+import threading
 import time
 import types
 
@@ -97,3 +100,71 @@ def test_a_counter_sent_just_before_a_full_partition_does_not_make_the_peer_answ
   watched._seen[1] = (9, link_quiet_since + 4.0)  # Still moving, long after the link went quiet.
   assert watched.answering(1, now=link_quiet_since + 4.5, since=link_quiet_since)
   assert not watched.answering(1, now=link_quiet_since + 8, since=link_quiet_since)  # Silent since.
+
+
+def _splice_refused_by_files(monkeypatch):
+  """os.splice as on a file system without splice support: EINVAL into a file, sockets as they are."""
+  real = os.splice
+
+  def splice(src, dst, count, offset_src=None, offset_dst=None, flags=0):
+    if offset_dst is not None:
+      raise OSError(errno.EINVAL, "Invalid argument")
+    return real(src, dst, count)
+
+  monkeypatch.setattr(os, "splice", splice)
+
+
+@pytest.mark.parametrize("way", ["splice", "no splice", "a file system without splice"])
+def test_a_streamed_payload_lands_whole_at_the_files_position_and_leaves_what_follows(
+  tmp_path, way, monkeypatch
+):
+  """The local tier's partner copies arrive this way (trainer/checkpoint/local.py): by splice on Linux,
+  through a buffer elsewhere; the bytes sent slowly, so that a socket with a timeout must wait."""
+  if way != "no splice" and not hasattr(os, "splice"):
+    pytest.skip("os.splice is Linux-only")
+  if way == "no splice":
+    monkeypatch.delattr(os, "splice", raising=False)
+  if way == "a file system without splice":
+    _splice_refused_by_files(monkeypatch)
+  payload = os.urandom(3 << 20) + b"tail"
+  with socket.create_server(("127.0.0.1", 0)) as server:
+    sender = socket.create_connection(server.getsockname())
+    receiver, _ = server.accept()
+  receiver.settimeout(10)  # Non-blocking underneath, as the peer service's sockets are.
+
+  def send():
+    for i in range(0, len(payload), 1 << 20):
+      sender.sendall(payload[i : i + (1 << 20)])
+      time.sleep(0.05)
+    sender.sendall(b"next")
+
+  thread = threading.Thread(target=send)
+  thread.start()
+  with sender, receiver, open(tmp_path / "copy", "w+b") as f:
+    f.write(b"head")
+    peers.read_to_file(receiver, len(payload), f)
+    f.write(b"end")
+    thread.join()
+    assert receiver.recv(4) == b"next"  # Not one byte past the payload was taken.
+  assert (tmp_path / "copy").read_bytes() == b"head" + payload + b"end"
+
+
+@pytest.mark.parametrize("way", ["splice", "no splice"])
+def test_a_stream_that_stalls_or_closes_midway_is_a_peer_error(tmp_path, way, monkeypatch):
+  if way == "splice" and not hasattr(os, "splice"):
+    pytest.skip("os.splice is Linux-only")
+  if way == "no splice":
+    monkeypatch.delattr(os, "splice", raising=False)
+  for ending, error in (
+    ("stall", "timed out|unread"),
+    ("close", "connection closed with 96 of 100 bytes unread"),
+  ):
+    a, b = socket.socketpair()
+    b.settimeout(0.3)
+    a.sendall(b"four")
+    if ending == "close":
+      a.close()
+    with open(tmp_path / "copy", "wb") as f, pytest.raises((peers.PeerError, TimeoutError), match=error):
+      peers.read_to_file(b, 100, f)
+    a.close()
+    b.close()

@@ -160,7 +160,7 @@ class LocalTier:
     manifest = json.loads(peers.read_exactly(sock, n))
     folder, step = self.held(int(manifest["process"])), int(manifest["step"])
     os.makedirs(folder, exist_ok=True)
-    copies.stage(folder, step, lambda f: peers.read_into(sock, length - 8 - n, f.write), hashed=False)
+    copies.stage(folder, step, lambda f: peers.read_to_file(sock, length - 8 - n, f), hashed=False)
     copies.commit(folder, step, manifest)
     return b"{}"
 

@@ -17,8 +17,11 @@ arrives: the checkpoint tiers' copies (trainer/checkpoint/local.py) are never jo
 service has no authentication, like JAX's coordination service: keep its ports within the job's network.
 """
 
+import errno
+import fcntl
 import json
 import os
+import select
 import socket
 import socketserver
 import struct
@@ -56,16 +59,57 @@ def send_frame(sock: socket.socket, kind: int, parts: list, file=None) -> None:
     sock.sendfile(file)
 
 
-def read_into(sock: socket.socket, n: int, write) -> None:
-  """Passes the next `n` bytes to `write` a chunk at a time (a stream handler's payload)."""
-  buf = memoryview(bytearray(min(n, 1 << 20) or 1))
-  left = n
-  while left:
-    k = sock.recv_into(buf, min(left, len(buf)))
+def read_to_file(sock: socket.socket, n: int, f) -> None:
+  """Writes the next `n` bytes from `sock` to the file `f` at its position (a stream handler's payload).
+  On Linux by splice, socket to pipe to page cache, never through this process's memory: one copy of the
+  bytes instead of two (a 608 MiB copy over loopback, sender and receiver: 0.24 against 0.44 s of CPU,
+  time logical CPU devices would take from the step); elsewhere, or where the file system cannot take a
+  splice, through a buffer."""
+  f.flush()
+  start = f.tell()
+  done = _splice_to_file(sock, n, f.fileno(), start) if hasattr(os, "splice") else 0
+  f.seek(start + done)
+  buf = memoryview(bytearray(min(n - done, 1 << 20) or 1))
+  while done < n:
+    k = sock.recv_into(buf, min(n - done, len(buf)))
     if not k:
-      raise PeerError(f"connection closed with {left} of {n} bytes unread")
-    write(buf[:k])
-    left -= k
+      raise PeerError(f"connection closed with {n - done} of {n} bytes unread")
+    f.write(buf[:k])
+    done += k
+
+
+def _splice_to_file(sock: socket.socket, n: int, fd: int, start: int) -> int:
+  """How many of the `n` bytes it wrote: all, or those before the file system refused a splice."""
+  r, w = os.pipe()
+  try:
+    try:
+      fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)  # Fewer calls; the default 64 KiB where refused.
+    except (OSError, AttributeError):
+      pass
+    done = 0
+    while done < n:
+      try:  # A socket with a timeout is non-blocking underneath: wait for it as recv would.
+        k = os.splice(sock.fileno(), w, min(n - done, 1 << 20))
+      except BlockingIOError:
+        if not select.select([sock], [], [], sock.gettimeout())[0]:
+          raise PeerError(f"timed out with {n - done} of {n} bytes unread") from None
+        continue
+      if not k:
+        raise PeerError(f"connection closed with {n - done} of {n} bytes unread")
+      while k:
+        try:
+          moved = os.splice(r, fd, k, offset_dst=start + done)
+        except OSError as e:
+          if e.errno != errno.EINVAL:
+            raise
+          moved = os.pwrite(fd, os.read(r, k), start + done)  # No splice into this file system.
+          if moved == k:
+            return done + moved
+        done, k = done + moved, k - moved
+    return done
+  finally:
+    os.close(r)
+    os.close(w)
 
 
 def read_exactly(sock: socket.socket, n: int) -> bytearray:
