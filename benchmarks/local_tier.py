@@ -127,6 +127,8 @@ def main():
           size = line or size
     off, on = statistics.median(times[0]), statistics.median(times[1])
     print(f"{name:>6}: off {off:.3f} s, local+peer every step {on:.3f} s: off/on {off / on:.3f}x")
+    rounds = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(times[0], times[1], strict=True))
+    print(f"        each round, off/on s per step: {rounds}")
     if size:
       print(f"        {size.split('] ', 1)[-1]}")
 

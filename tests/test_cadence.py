@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 from tests.conftest import REPO, TINY_FLAGS, tiny_config
-from trainer.cadence import itstime
+from trainer import cadence
+from trainer.cadence import CopyCadence, itstime, steps_per_copy
 from trainer.train import train
 
 TIMED = {"steps": 8, "log_every": 2, "checkpoint.every": 100, "checkpoint.keep": 10}
@@ -20,6 +21,39 @@ def test_itstime_is_every_n_steps_and_the_last_when_asked():
   assert [s for s in range(1, 11) if itstime(s, 4)] == [4, 8]
   assert [s for s in range(1, 11) if itstime(s, 4, 10, last=True)] == [4, 8, 10]
   assert [s for s in range(1, 11) if itstime(s, 0, 10, last=True)] == [10]  # 0: never, but the last.
+
+
+def test_the_local_tier_copies_less_often_only_while_its_copies_would_set_the_pace(monkeypatch, capsys):
+  assert steps_per_copy(1, copy_s=0.05, step_s=0.2) == 1  # A copy fits in a step: every step.
+  assert steps_per_copy(1, copy_s=0.6, step_s=0.6) == 2  # Copies set the pace: a step lasts a copy...
+  assert steps_per_copy(2, copy_s=0.6, step_s=0.3) == 4  # ... or half of one, until they do not.
+  assert steps_per_copy(8, copy_s=0.6, step_s=0.17) == 8  # 4.4 steps needed: no change in the band.
+  assert steps_per_copy(16, copy_s=0.6, step_s=0.17) == 8  # A third of N or less: fewer steps.
+  assert steps_per_copy(8, copy_s=0.01, step_s=0.17) == 1
+  assert [s for s in range(1, 10) if CopyCadence(3, 4, 1).due(s)] == [3, 6, 9]  # local_every=3, always.
+  assert not any(CopyCadence(0, 4, 1).due(s) for s in range(1, 10))  # Off.
+  clock = [100.0]
+  monkeypatch.setattr(cadence.time, "time", lambda: clock[0])
+  copies = CopyCadence(-1, log_every=4, timeout_s=1)
+  copies.begin(0, 0)
+  due = []
+  for step in range(1, 25):
+    clock[0] += max(0.1, 1.0 / copies.every)  # Steps of 0.1 s, held to the pace of 1 s copies.
+    due += [step] if copies.due(step) else []
+    if step % 4 == 0:
+      copies.decide(step, copy_s=1.0)
+  # 1 s copies of 0.1 s steps: each decision measures the window before it and holds from the next
+  # logging step on, a window later: 2 steps a copy from step 8, 4 from 16, 8 from 24, each said once.
+  assert due == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24], due
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
+  assert lines == [
+    "local tier: a copy every 2 steps from step 8 (a copy's work 1.00 s, 1.000 s per step); "
+    "a lost host costs up to 2 steps",
+    "local tier: a copy every 4 steps from step 16 (a copy's work 1.00 s, 0.500 s per step); "
+    "a lost host costs up to 4 steps",
+    "local tier: a copy every 8 steps from step 24 (a copy's work 1.00 s, 0.250 s per step); "
+    "a lost host costs up to 8 steps",
+  ], lines
 
 
 def test_a_run_slower_than_every_s_saves_at_each_logging_step_after_the_first(tmp_path):

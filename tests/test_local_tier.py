@@ -239,7 +239,7 @@ def test_a_send_to_the_partner_is_tried_again_while_the_link_fails_up_to_the_pee
   link is back); one that lasts longer ends the run with the link's error, as liveness would."""
   from trainer.cluster import peers
 
-  tier = local.LocalTier(str(tmp_path), 1, "key", {}, link_timeout_s=2.0)
+  tier = local.LocalTier(str(tmp_path), "key", {}, link_timeout_s=2.0)
   tier.partner = 1
   monkeypatch.setattr(tier, "_addresses", lambda: {1: "10.0.0.2:1"})
   local_copies.write_copy(tier.own, 7, b"shards", {"step": 7})

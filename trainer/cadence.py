@@ -12,11 +12,13 @@ that step comes, a whole window after it was made. Every process decides the sam
 slow clock, and no step runs a collective for it.
 """
 
+import math
 import time
 
 import jax
 
 from trainer.cluster import multihost
+from trainer.observe.metrics import console
 
 
 def itstime(step: int, every: int, last_step: int | None = None, last: bool = False) -> bool:
@@ -24,22 +26,69 @@ def itstime(step: int, every: int, last_step: int | None = None, last: bool = Fa
   return (every > 0 and step % every == 0) or (last and step == last_step)
 
 
-class ByClock:
+class _Published:
+  """A value process 0 decides at a logging step for the next logging step and publishes in the
+  coordination service's key-value store; every process reads it when that step comes, a whole window
+  after it was made: every process acts the same, nobody waits, and no step runs a collective for it.
+  `name` keeps the decisions apart, `what` says in an error what was decided."""
+
+  def __init__(self, name: str, what: str, log_every: int, timeout_s: float):
+    self.name, self.what, self.log_every, self.timeout_s = name, what, log_every, timeout_s
+    self._client = multihost.client()
+    self._decided: dict[int, str] = {}  # Logging step -> value, as this process read or decided it.
+    self._attempt = 0
+    self._last_decision = time.time()
+
+  def _restart(self, step: int, attempt: int, value: str) -> None:
+    """The loop starts (or starts again after a rollback, `attempt`) after `step`."""
+    self._attempt, self._decided, self._last_decision = attempt, {}, time.time()
+    self._publish(self._next_logging_step(step), value)
+
+  def _window_s(self, step: int) -> float:
+    """Seconds since the last decision (a logging window), forgetting decisions up to `step`."""
+    now = time.time()
+    window_s, self._last_decision = now - self._last_decision, now
+    self._decided = {s: v for s, v in self._decided.items() if s > step}
+    return window_s
+
+  def _read(self, step: int) -> str | None:
+    """The value published for logging step `step`, the same on every process."""
+    if step not in self._decided and self._client is not None:
+      try:
+        self._decided[step] = self._client.blocking_key_value_get(self._key(step), int(1000 * self.timeout_s))
+      except Exception as e:  # noqa: BLE001 - the coordination service's deadline, as its error.
+        raise multihost.PeerTimeout(
+          f"process 0's decision {self.what} at step {step} did not come within "
+          f"{self.timeout_s:.0f} s ({type(e).__name__}): process 0 is stuck or gone"
+        ) from None
+    return self._decided.get(step)
+
+  def _publish(self, step: int, value: str) -> None:
+    if self._client is None:
+      self._decided[step] = value
+    elif jax.process_index() == 0:
+      self._client.key_value_set(self._key(step), value, allow_overwrite=True)
+
+  def _next_logging_step(self, step: int) -> int:
+    return (step // self.log_every + 1) * self.log_every
+
+  def _key(self, step: int) -> str:
+    return f"{self.name}/{self._attempt}/{step}"
+
+
+class ByClock(_Published):
   """Work due on logging steps about every `every_s` seconds of process 0's clock (0: never), the same
-  on every process: checkpoint.every_s's saves, a hook's `every_s`. `name` keeps the decisions apart."""
+  on every process: checkpoint.every_s's saves, a hook's `every_s`."""
 
   def __init__(self, name: str, every_s: float, log_every: int, timeout_s: float):
-    self.name, self.every_s, self.log_every, self.timeout_s = name, every_s, log_every, timeout_s
+    super().__init__(f"by_clock/{name}", f"whether {name} runs", log_every, timeout_s)
+    self.every_s = every_s
     self._last_run = time.time()
-    self._client = multihost.client()
-    self._decided: dict[int, bool] = {}  # Logging step -> due, as this process read or decided it.
-    self._attempt = 0
 
   def begin(self, step: int, attempt: int) -> None:
-    """The loop starts (or starts again after a rollback, `attempt`) after `step`: the first logging
-    step after it is not due by the clock."""
-    self._attempt, self._decided, self._last_decision = attempt, {}, time.time()
-    self._publish(self._next_logging_step(step), False)
+    """The first logging step after `step` is not due by the clock."""
+    if self.every_s:
+      self._restart(step, attempt, "0")
 
   def ran(self) -> None:
     self._last_run = time.time()
@@ -47,36 +96,63 @@ class ByClock:
   def decide(self, step: int) -> None:
     """At logging step `step`, after its work: process 0 decides for the next logging step, which is
     due if the clock will have run out by then (a window from now, if it lasts as long as this one)."""
-    now = time.time()
-    window_s, self._last_decision = now - self._last_decision, now
-    self._decided = {s: v for s, v in self._decided.items() if s > step}
-    self._publish(self._next_logging_step(step), now + window_s - self._last_run >= self.every_s)
+    window_s = self._window_s(step)
+    if self.every_s:
+      due = time.time() + window_s - self._last_run >= self.every_s
+      self._publish(self._next_logging_step(step), "1" if due else "0")
 
   def due(self, step: int) -> bool:
     """Whether logging step `step` is due by the clock: the same answer on every process."""
-    if not self.every_s or step % self.log_every:
+    return bool(self.every_s) and step % self.log_every == 0 and self._read(step) == "1"
+
+
+class CopyCadence(_Published):
+  """When the local tier copies (trainer/checkpoint/local.py). checkpoint.local_every=N > 0: every N
+  steps, each copy waiting for the one before (copies slower than N steps set the loop's pace).
+  -1: every step while a copy's work fits in a step, else every N steps (a power of two), so that
+  copies do not set the pace: at each logging step process 0 compares its last copy's work with the
+  window's seconds per step and decides N for the window after the next logging step; a change is said
+  in one line (a lost host then costs up to N steps)."""
+
+  def __init__(self, local_every: int, log_every: int, timeout_s: float):
+    super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
+    self.fixed, self.adapts = max(local_every, 0), local_every < 0  # 0: no copies.
+    self.every, self._from = self.fixed or 1, 0
+
+  def begin(self, step: int, attempt: int) -> None:
+    self.every, self._from = self.fixed or 1, step
+    if self.adapts:
+      self._restart(step, attempt, "1")
+
+  def due(self, step: int) -> bool:
+    """Whether `step` is copied: the same answer on every process."""
+    if not (self.fixed or self.adapts):
       return False
-    if step not in self._decided and self._client is not None:
-      try:
-        value = self._client.blocking_key_value_get(self._key(step), int(1000 * self.timeout_s))
-      except Exception as e:  # noqa: BLE001 - the coordination service's deadline, as its error.
-        raise multihost.PeerTimeout(
-          f"process 0's decision whether {self.name} runs at step {step} did not come within "
-          f"{self.timeout_s:.0f} s ({type(e).__name__}): process 0 is stuck or gone"
-        ) from None
-      self._decided[step] = value == "1"
-    return self._decided.get(step, False)
+    if self.adapts and step % self.log_every == 0 and (value := self._read(step)) is not None:
+      every, *measured = value.split()
+      if int(every) != self.every:
+        self.every = int(every)
+        how = f"every {self.every} steps" if self.every > 1 else "every step"
+        why = f" (a copy's work {measured[0]} s, {measured[1]} s per step)" if measured else ""
+        console(f"local tier: a copy {how} from step {step}{why}; a lost host costs up to {self.every} steps")
+    return step % self.every == 0
 
-  def _publish(self, step: int, due: bool) -> None:
-    if not self.every_s:
-      return
-    if self._client is None:
-      self._decided[step] = due
-    elif jax.process_index() == 0:
-      self._client.key_value_set(self._key(step), "1" if due else "0", allow_overwrite=True)
+  def decide(self, step: int, copy_s: float) -> None:
+    """At logging step `step`: process 0 decides N for the next logging step from this window's seconds
+    per step and `copy_s`, the work of its last copy (to host memory, written, checksummed and sent)."""
+    step_s = self._window_s(step) / max(step - self._from, 1)
+    self._from = step
+    if self.adapts:
+      every = steps_per_copy(self.every, copy_s, step_s)
+      self._publish(self._next_logging_step(step), f"{every} {copy_s:.2f} {step_s:.3f}")
 
-  def _next_logging_step(self, step: int) -> int:
-    return (step // self.log_every + 1) * self.log_every
 
-  def _key(self, step: int) -> str:
-    return f"by_clock/{self.name}/{self._attempt}/{step}"
+def steps_per_copy(every: int, copy_s: float, step_s: float) -> int:
+  """The next N from the present one: the power of two of steps that covers a copy's work with a
+  quarter to spare, when that is more than N (copies that set the pace make a step last a copy's work
+  over N, so N doubles until they do not) or at most a third of it (the band between keeps N from
+  flapping); else N."""
+  need = 1.25 * copy_s / max(step_s, 1e-9)
+  if need > every or 3 * need <= every:
+    return 1 if need <= 1 else min(2 ** math.ceil(math.log2(need)), 1 << 16)
+  return every

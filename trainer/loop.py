@@ -14,7 +14,7 @@ import numpy as np
 from data import pipeline
 from errors import UserError
 from trainer import hooks as hooks_lib
-from trainer.cadence import ByClock, itstime
+from trainer.cadence import ByClock, CopyCadence, itstime
 from trainer.checkpoint import restore, store
 from trainer.evaluate import evaluate, evaluators
 from trainer.observe import flops, profiling, recovery_time, straggler
@@ -44,6 +44,9 @@ class Loop:
     c = self.config
     self.timed_saves = ByClock("checkpoint", c.checkpoint.every_s, c.log_every, c.watchdog.step_timeout_s)
     self.timed_saves.begin(self.start, self.rollbacks)
+    local_every = c.checkpoint.local_every if run.local is not None else 0
+    self.copies = CopyCadence(local_every, c.log_every, c.watchdog.step_timeout_s)
+    self.copies.begin(self.start, self.rollbacks)
     made = hooks_lib.load(run.comp.experiment, c)
     self.hooks = hooks_lib.Hooks(made, c, run.workdir, run.comp.mdef, run.log, c.watchdog.step_timeout_s)
     self.hooks.begin(self.start, self.rollbacks)
@@ -66,7 +69,7 @@ class Loop:
           log_now = itstime(self.step, self.config.log_every, self.last_step, last=True) or stop
           save_now = self._saves(self.step) or stop
           # The last step is saved to the persistent tier, always: a copy of it would only stand in for it.
-          copy_now = self.run.local is not None and itstime(self.step, self.run.local.every)
+          copy_now = self.copies.due(self.step)
           copy_now = copy_now and self.step != self.last_step
           # Never log past, or save, a non-finite state (a copy checks on its own thread: no wait here).
           bad = self.window.first_nonfinite_step() if log_now or save_now else None
@@ -177,6 +180,8 @@ class Loop:
       self.timed_saves.ran()
     if log_now:
       self.timed_saves.decide(step)  # Whether the next logging step saves by the clock (process 0).
+      if run.local is not None:
+        self.copies.decide(step, run.local.work_s)  # How often the local tier copies (process 0).
       self._log(step, t, metrics, device_wait_s)
     if itstime(step, config.eval_every) and step != config.steps:
       with self._saved_if_fork_code_fails(step, save_now):
@@ -271,6 +276,7 @@ class Loop:
       run.log.write(back.event)
       self.state, self.step, self.batch_offset = back.state, back.step, back.batch_offset
       self.timed_saves.begin(self.step, self.rollbacks)
+      self.copies.begin(self.step, self.rollbacks)
       self.hooks.begin(self.step, self.rollbacks)
       self._new_window()
       self.batches = self._open_batches()

@@ -57,8 +57,8 @@ def default_dir(workdir: str) -> str:
 class LocalTier:
   """This process's copies (local_dir/process_I/own) and those it holds for others (.../held/J)."""
 
-  def __init__(self, local_dir: str, every: int, fingerprint: str, config_json: dict, link_timeout_s: float):
-    self.every, self.fingerprint, self.config_json = every, fingerprint, config_json
+  def __init__(self, local_dir: str, fingerprint: str, config_json: dict, link_timeout_s: float):
+    self.fingerprint, self.config_json = fingerprint, config_json
     self.link_timeout_s = link_timeout_s  # How long a send to the partner is tried again.
     self.me, self.processes = jax.process_index(), jax.process_count()
     self.root = os.path.join(local_dir, f"process_{self.me}")
@@ -66,7 +66,7 @@ class LocalTier:
     self._thread: threading.Thread | None = None
     self._released, self._kept = threading.Event(), False
     self._error: BaseException | None = None
-    self.last_write_s = 0.0
+    self.work_s = 0.0  # The last copy's work (to host, written, sent): trainer/cadence.py's CopyCadence.
     os.makedirs(self.own, exist_ok=True)
     self.partner = None
     self._service = peers.service()
@@ -79,7 +79,7 @@ class LocalTier:
   def held(self, source: int) -> str:
     return os.path.join(self.root, "held", str(source))
 
-  # --- Saving (every `every` steps: trainer/cadence.py).
+  # --- Saving (when trainer/cadence.py's CopyCadence says).
   def save(self, step: int, state, position: dict, checked: bool, finite_flags: list) -> None:
     """Copies the state on its devices (dispatched, not waited for: the loop keeps the next step queued
     while this one runs); a thread then brings this process's shards to host memory once the step has
@@ -102,13 +102,16 @@ class LocalTier:
   def _write(self, on_devices: list, finite_flags: list, record: dict, manifest: dict) -> None:
     """Brings the shards to host memory, pickles them straight to their file (hashed on the way), makes
     the copy whole once released, then streams the file to the partner."""
-    started, step = time.time(), record["step"]
+    step = record["step"]
     try:
       if not all(bool(ok) for ok, _ in jax.device_get(finite_flags)):
         return  # The loop rolls back when it checks these steps; their copies must not exist.
+      started = time.time()  # The step has run: the copy's work starts.
       record["shards"] = host_copy(on_devices.pop())  # Its device memory freed once on the host.
       digest = copies.stage(self.own, step, lambda w: pickle.dump(record, w, protocol=5))
+      staged_s = time.time() - started
       self._released.wait()
+      released = time.time()
       if not self._kept:  # The loop failed before the step's rows: the copy is dropped.
         shutil.rmtree(os.path.join(self.own, f"{step}.tmp"), ignore_errors=True)
         return
@@ -116,9 +119,9 @@ class LocalTier:
       copies.commit(self.own, step, manifest)
       if self.partner is not None:
         self._send_to_partner(step, manifest)
+      self.work_s = staged_s + time.time() - released
     except BaseException as e:  # noqa: BLE001 - raised in the loop by wait().
       self._error = e
-    self.last_write_s = time.time() - started
 
   def _send_to_partner(self, step: int, manifest: dict) -> None:
     """Streams the copy to the partner, again while the link fails for up to the peer timeout: a flap
@@ -279,7 +282,7 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
     return None
   key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
   link_timeout_s = config.watchdog.peer_timeout_s or _PEER_TIMEOUT_S
-  tier = LocalTier(local_dir, max(c.local_every, 1), key, json.loads(config.to_json()), link_timeout_s)
+  tier = LocalTier(local_dir, key, json.loads(config.to_json()), link_timeout_s)
   console(f"local tier: {memory_line(held)}; {local_dir}")
   return tier
 
