@@ -4,11 +4,13 @@ against the same job with the tiers off, interleaved A B A B, for the smoke mode
 model (benchmarks/checkpoint.py's LARGE, on fsdp 8). Prints seconds per step over the steps after the first
 logging window (wall time between metrics rows: every blocking copy and save included), the ratio
 off / on (1.0: no cost; the goal is >= 0.97), and the host memory the tiers hold per process. The
-copies go where they go by default, a folder under /dev/shm where there is one, or under --base (the
-107M model's eight copies per process, 4.8 GiB, in host memory beside two processes' devices may not fit
-a 24 GiB machine: --base=/tmp puts them in the page cache of a disk).
+copies go where they go by default, a folder under /dev/shm where there is one, or under --base. The
+107M model's eight copies per process, 4.8 GiB, in host memory beside two processes' devices do not fit
+a 24 GiB machine (a process was killed for memory): --base=/tmp puts them in the page cache of a disk,
+whose writeback costs CPU too; --processes=1 measures the local tier alone (no partner), in /dev/shm.
 
   .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m] [--base=DIR]
+      [--processes=2]
   .venv/bin/python benchmarks/local_tier.py --pieces [--mib=6.4]
 
 --pieces times what one copy of that many MiB costs a process's CPU, in one process without devices:
@@ -47,13 +49,21 @@ FLAGS = [
 FLAGS += ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.log_every=4"]
 
 
-def seconds_per_step(model: dict, steps: int, local_every: int, workdir: str) -> tuple[float, dict]:
+def seconds_per_step(
+  model: dict, steps: int, local_every: int, workdir: str, processes: int
+) -> tuple[float, dict]:
   """(seconds per step after the first window, the local tier's size line from process 0's output)."""
   flags = [*FLAGS, f"--config.steps={steps}", f"--config.checkpoint.every={steps}"]
   flags += [f"--config.{k}={v}" for k, v in model.items()]
   flags += [f"--config.checkpoint.local_every={local_every}", f"--workdir={workdir}"]
   flags += [f"--config.checkpoint.local_dir={workdir}-local"]  # Under the base: /dev/shm where it exists.
-  launcher = [sys.executable, "launch/local.py", "--processes=2", "--cpu_devices=4", "--"]
+  launcher = [
+    sys.executable,
+    "launch/local.py",
+    f"--processes={processes}",
+    f"--cpu_devices={8 // processes}",
+  ]
+  launcher += ["--"]
   result = subprocess.run(launcher + flags, cwd=REPO, capture_output=True, text=True, timeout=1800)
   if result.returncode:
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "error" in line.lower()]
@@ -108,10 +118,14 @@ def main():
   parser.add_argument("--pieces", action="store_true", help="time one copy's pieces instead")
   parser.add_argument("--mib", type=float, default=6.4, help="with --pieces: the copy's size")
   parser.add_argument("--base", default=default_base(), help="the folder the runs and copies go under")
+  parser.add_argument("--processes", type=int, default=2, help="1: the local tier alone, no partner")
   args = parser.parse_args()
   if args.pieces:
     return pieces(args.mib, args.base)
-  print("2 processes x 4 logical CPU devices; seconds per step, copies every step against none")
+  print(
+    f"{args.processes} processes x {8 // args.processes} logical CPU devices; seconds per step, "
+    "copies every step against none"
+  )
   # The ~107M model fully sharded over the 8 devices: each process copies half of its 1.2 GiB state,
   # and the tiers' eight copies per process fit this machine's memory.
   large = {**LARGE, "mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1}
@@ -122,7 +136,8 @@ def main():
     with tempfile.TemporaryDirectory(dir=args.base) as tmp:
       for r in range(args.rounds):
         for every in (0, 1):
-          s, line = seconds_per_step(model, args.steps, every, os.path.join(tmp, f"{every}-{r}"))
+          workdir = os.path.join(tmp, f"{every}-{r}")
+          s, line = seconds_per_step(model, args.steps, every, workdir, args.processes)
           times[every].append(s)
           size = line or size
     off, on = statistics.median(times[0]), statistics.median(times[1])
