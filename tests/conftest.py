@@ -60,6 +60,9 @@ def tiny_config(**overrides):
   c.model.mlp_dim = 64
   c.optimizer.warmup_steps = 2
   c.checks.first_step = False  # On by default; the suite pays for it only where a test tests it.
+  # Every step, whatever a copy costs on a loaded machine: tests assert which step a kill resumes from
+  # (the default, -1, copies less often while copies are slower than steps: tests/test_cadence.py).
+  c.checkpoint.local_every = 1
   for key, value in overrides.items():
     node = c
     *path, leaf = key.split(".")
@@ -87,6 +90,7 @@ TINY_FLAGS = [
   "--config.model.mlp_dim=64",
   "--config.optimizer.warmup_steps=2",
   "--config.checks.first_step=false",
+  "--config.checkpoint.local_every=1",
   "--config.mesh.data=2",
   "--config.mesh.fsdp=2",
   "--config.mesh.tensor=2",

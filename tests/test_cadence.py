@@ -2,6 +2,7 @@
 decided by process 0 a logging window ahead and read by every process through the coordination service."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -54,6 +55,24 @@ def test_the_local_tier_copies_less_often_only_while_its_copies_would_set_the_pa
     "local tier: a copy every 8 steps from step 24 (a copy's work 1.00 s, 0.250 s per step); "
     "a lost host costs up to 8 steps",
   ], lines
+
+
+def test_a_run_whose_copies_outlast_its_steps_copies_less_often_and_says_so(tmp_path):
+  """The default cadence in a real run: each own copy held 1 s where a step takes a few hundredths,
+  so after a window or two the tier copies every 2**k steps instead of setting the loop's pace."""
+  flags = [*TINY_FLAGS, "--config.steps=24", "--config.log_every=2", "--config.checkpoint.every=100"]
+  flags += ["--config.checkpoint.local_every=-1", f"--config.checkpoint.local_dir={tmp_path / 'local'}"]
+  main = [sys.executable, "tests/main_with_pauses.py", "local=1", "--cpu_devices=8"]
+  result = subprocess.run(
+    main + flags + [f"--workdir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True, timeout=300
+  )
+  assert result.returncode == 0, result.stdout + result.stderr
+  said = [line for line in result.stdout.splitlines() if line.startswith("local tier: a copy every")]
+  line = r"local tier: a copy every (\d+) steps from step \d+ \(a copy's work [\d.]+ s, [\d.]+ s per step\); "
+  every = [int(re.fullmatch(line + r"a lost host costs up to \1 steps", s).group(1)) for s in said]
+  assert every and every[-1] >= 8, result.stdout  # Copies of 1 s, steps of 0.01-0.1 s.
+  copies = result.stdout.count("pause: local")
+  assert copies <= 10, result.stdout  # Not 23: 1 to 3 every step, then fewer and fewer.
 
 
 def test_a_run_slower_than_every_s_saves_at_each_logging_step_after_the_first(tmp_path):

@@ -100,7 +100,7 @@ class LocalTier:
     self._released.set()
 
   def _write(self, on_devices: list, finite_flags: list, record: dict, manifest: dict) -> None:
-    """Brings the shards to host memory, pickles them straight to their file (hashed on the way), makes
+    """Brings the shards to host memory, pickles them straight to their file (checksummed on the way), makes
     the copy whole once released, then streams the file to the partner."""
     step = record["step"]
     try:
