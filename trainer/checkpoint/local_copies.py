@@ -6,7 +6,7 @@ the next copy; a copy whose bytes do not match their checksum is not whole.
 The bytes are streamed to the file as they are made (pickled, or received from a partner) and
 checksummed on the way: no second copy of the shards in memory. The checksum is XXH3-128, not sha256:
 it proves a copy whole against damage (a torn write, a flipped bit), there is no adversary to resist,
-and it runs at 30 GiB/s against sha256's 1.7 (612 MiB: 20 against 357 ms, benchmarks/local_tier.py
+and it runs at 22 GiB/s against sha256's 1.7 (612 MiB: 27 against 355 ms, benchmarks/local_tier.py
 --pieces --mib=612), CPU time that logical CPU devices would take from the step.
 
 The copy that falls out of the newest KEEP is kept as SPARE, and the next copy is written over its file:
