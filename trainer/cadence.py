@@ -10,6 +10,9 @@ saves about that often: at each logging step process 0 decides whether the next 
 publishes the decision in the coordination service's key-value store; every process reads it when
 that step comes, a whole window after it was made. Every process decides the same, nobody waits for a
 slow clock, and no step runs a collective for it.
+
+`CopyCadence` decides the same way how often the local tier copies: every step while a copy's work
+fits in a step, else every N steps, so that copies never set the loop's pace.
 """
 
 import math
