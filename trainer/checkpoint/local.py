@@ -3,8 +3,8 @@ checkpoint interval.
 
 Every `checkpoint.local_every` steps the loop dispatches a copy of the whole train state (params,
 variables, EMA, optimizer state, RNG, step) on its devices, which the next step does not donate, and
-goes on; a thread waits for it, brings this process's shards to host memory with the data position and
-the config, frees the device copy, and writes the copy to `checkpoint.local_dir`
+goes on; the tier's writer thread waits for it, brings this process's shards to host memory with the
+data position and the config, frees the device copy, and writes the copy to `checkpoint.local_dir`
 (host-local, by default a folder under /dev/shm) and sends the same bytes to its partner, a process
 on another host where there is one, over the peer service (trainer/cluster/peers.py), which keeps it
 in its own local_dir. Both sides keep their newest three (KEEP). The next copy waits for the previous one's
@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import pickle
+import queue
 import shutil
 import socket
 import tempfile
@@ -63,10 +64,14 @@ class LocalTier:
     self.me, self.processes = jax.process_index(), jax.process_count()
     self.root = os.path.join(local_dir, f"process_{self.me}")
     self.own = os.path.join(self.root, "own")
-    self._thread: threading.Thread | None = None
+    self._writer: threading.Thread | None = None  # Started by the first copy (_serve).
+    self._jobs: queue.Queue = queue.Queue(maxsize=1)
+    self._idle = threading.Event()  # No copy in flight.
+    self._idle.set()
     self._released, self._kept = threading.Event(), False
     self._error: BaseException | None = None
     self.work_s = 0.0  # The last copy's work (to host, written, sent): trainer/cadence.py's CopyCadence.
+    self.waited_s = 0.0  # How long the loop has waited for copies in all: the same.
     os.makedirs(self.own, exist_ok=True)
     self.partner = None
     self._service = peers.service()
@@ -90,14 +95,29 @@ class LocalTier:
     record = {"step": step, "position": position, "config": self.config_json}
     manifest = {"step": step, "process": self.me, "processes": self.processes, "checked": checked}
     self._released, self._kept = threading.Event(), False
-    args = ([on_devices], finite_flags, record, manifest)  # A box the thread empties: memory freed early.
-    self._thread = threading.Thread(target=self._write, args=args, daemon=True)
-    self._thread.start()
+    self._idle.clear()
+    if self._writer is None:
+      self._writer = threading.Thread(target=self._serve, daemon=True, name="local_tier_writer")
+      self._writer.start()
+    self._jobs.put(([on_devices], finite_flags, record, manifest))  # A box the writer empties: freed early.
 
   def release(self) -> None:
     """The step's rows are written: its copy may become whole (written and sent)."""
     self._kept = True
     self._released.set()
+
+  def _serve(self) -> None:
+    """The writer: one thread for the run, so every copy's host memory comes from, and goes back to, the
+    same malloc arena. A thread per copy left each copy's pages in a new arena: on a TPU host, 1.1 GiB
+    more resident memory per copy of a 1.2 GiB state (a 64-step run was killed for memory), and a copy
+    to host at 3 GiB/s, faulting in fresh pages, against 12.6 over reused ones (probe in the note of
+    issue 36)."""
+    while (job := self._jobs.get()) is not None:
+      try:
+        self._write(*job)
+      finally:
+        del job  # The copy's host memory, freed before the next one is waited for.
+        self._idle.set()
 
   def _write(self, on_devices: list, finite_flags: list, record: dict, manifest: dict) -> None:
     """Brings the shards to host memory, pickles them straight to their file (checksummed on the way), makes
@@ -143,10 +163,11 @@ class LocalTier:
   def wait(self, raise_error: bool = True) -> None:
     """The copy in flight written (and sent); its error, if any, raised here: a full local disk, or a
     partner unreachable for longer than the peer timeout, ends the run like any failing save."""
-    if self._thread is not None:
+    if not self._idle.is_set():
+      started = time.time()
       self._released.set()  # Never released (an error after the copy): dropped, not written.
-      self._thread.join()
-      self._thread = None
+      self._idle.wait()
+      self.waited_s += time.time() - started
     if self._error is not None and raise_error:
       error, self._error = self._error, None
       raise error
@@ -219,8 +240,12 @@ class LocalTier:
     copies.discard_after([self.own, *held], step)
 
   def close(self, finished: bool) -> None:
-    """Waits for the copy in flight; a finished run (its last step persistent) frees the memory."""
+    """Waits for the copy in flight and ends the writer; a finished run (its last step persistent) frees
+    the memory."""
     self.wait()
+    if self._writer is not None:
+      self._jobs.put(None)
+      self._writer = None
     if finished:
       shutil.rmtree(self.root, ignore_errors=True)
       try:
