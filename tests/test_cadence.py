@@ -37,23 +37,20 @@ def test_the_local_tier_copies_less_often_only_while_its_copies_would_set_the_pa
   monkeypatch.setattr(cadence.time, "time", lambda: clock[0])
   copies = CopyCadence(-1, log_every=4, timeout_s=1)
   copies.begin(0, 0)
-  due = []
+  due, waited = [], 0.0
   for step in range(1, 25):
-    clock[0] += max(0.1, 1.0 / copies.every)  # Steps of 0.1 s, held to the pace of 1 s copies.
+    clock[0] += max(0.1, 1.0 / copies.every)  # Steps of 0.1 s, held to the pace of 1 s copies...
+    waited += max(0.0, 1.0 / copies.every - 0.1)  # ... by the loop's waits for them.
     due += [step] if copies.due(step) else []
     if step % 4 == 0:
-      copies.decide(step, copy_s=1.0)
-  # 1 s copies of 0.1 s steps: each decision measures the window before it and holds from the next
-  # logging step on, a window later: 2 steps a copy from step 8, 4 from 16, 8 from 24, each said once.
-  assert due == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24], due
+      copies.decide(step, copy_s=1.0, waited_s=waited)
+  # 1 s copies of 0.1 s steps: the waits taken out, the first decision sees the steps' own 0.1 s and
+  # holds from the next logging step on, a window later: 16 steps a copy from step 8, said once.
+  assert due == [1, 2, 3, 4, 5, 6, 7, 16], due
   lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
   assert lines == [
-    "local tier: a copy every 2 steps from step 8 (a copy's work 1.00 s, 1.000 s per step); "
-    "a lost host costs up to 2 steps",
-    "local tier: a copy every 4 steps from step 16 (a copy's work 1.00 s, 0.500 s per step); "
-    "a lost host costs up to 4 steps",
-    "local tier: a copy every 8 steps from step 24 (a copy's work 1.00 s, 0.250 s per step); "
-    "a lost host costs up to 8 steps",
+    "local tier: a copy every 16 steps from step 8 (a copy's work 1.00 s, 0.100 s per step); "
+    "a lost host costs up to 16 steps",
   ], lines
 
 

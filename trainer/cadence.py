@@ -120,7 +120,7 @@ class CopyCadence(_Published):
   def __init__(self, local_every: int, log_every: int, timeout_s: float):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
     self.fixed, self.adapts = max(local_every, 0), local_every < 0  # 0: no copies.
-    self.every, self._from = self.fixed or 1, 0
+    self.every, self._from, self._waited_s = self.fixed or 1, 0, 0.0
 
   def begin(self, step: int, attempt: int) -> None:
     self.every, self._from = self.fixed or 1, step
@@ -140,11 +140,13 @@ class CopyCadence(_Published):
         console(f"local tier: a copy {how} from step {step}{why}; a lost host costs up to {self.every} steps")
     return step % self.every == 0
 
-  def decide(self, step: int, copy_s: float) -> None:
+  def decide(self, step: int, copy_s: float, waited_s: float) -> None:
     """At logging step `step`: process 0 decides N for the next logging step from this window's seconds
-    per step and `copy_s`, the work of its last copy (to host memory, written, checksummed and sent)."""
-    step_s = self._window_s(step) / max(step - self._from, 1)
-    self._from = step
+    per step and `copy_s`, the work of its last copy (to host memory, written, checksummed and sent).
+    `waited_s`, the seconds the loop has waited for copies so far, is taken out of the window: N is
+    judged against the steps' own pace, not the one copies set, so it gets there in one decision."""
+    window_s = self._window_s(step) - (waited_s - self._waited_s)
+    step_s, self._from, self._waited_s = max(window_s, 0.0) / max(step - self._from, 1), step, waited_s
     if self.adapts:
       every = steps_per_copy(self.every, copy_s, step_s)
       self._publish(self._next_logging_step(step), f"{every} {copy_s:.2f} {step_s:.3f}")
