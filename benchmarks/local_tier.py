@@ -1,17 +1,23 @@
 """What the local and peer checkpoint tiers cost (trainer/checkpoint/local.py): a real 2-process job
 (launch/local.py, 2 x 4 logical CPU devices, mesh data 2 x fsdp 2 x tensor 2) with a copy every step
 against the same job with the tiers off, interleaved A B A B, for the smoke model and a ~107M-parameter
-model (benchmarks/checkpoint.py's LARGE, on fsdp 8). Prints seconds per step between the metrics rows
-after the tiers' first four copies (written to new files, once per run), wall time with every blocking
-copy and save included; the ratio off / on (1.0: no cost; the goal is >= 0.97); and the host memory the
-tiers hold per process. The copies go where they go by default, a folder under /dev/shm where there is
-one, or under --base. The 107M model's eight copies per process, 4.8 GiB, in host memory beside two
-processes' devices do not fit a 24 GiB machine (a process was killed for memory): --base=/tmp puts them in
-the page cache of a disk, whose writeback costs CPU too; --processes=1 measures the local tier alone (no
-partner), in /dev/shm.
+model (benchmarks/checkpoint.py's LARGE, on fsdp 8). Prints seconds per step from the metrics row after
+the tiers' first four copies (written to new files, once per run) and the second logging step to the last,
+and over the second half of the steps; wall time with every blocking copy and save included; the ratio off
+/ on (1.0: no cost; the goal is >= 0.97); and the host memory the tiers hold per process. The copies go
+where they go by default, a folder under /dev/shm where there is one, or under --base. The 107M model's
+eight copies per process, 4.8 GiB, in host memory beside two processes' devices do not fit a 24 GiB
+machine (a process was killed for memory): --base=/tmp puts them in the page cache of a disk, whose
+writeback costs CPU too; --processes=1 measures the local tier alone (no partner), in /dev/shm.
+
+--accelerator runs one process on this machine's accelerators instead (main.py without --cpu_devices, mesh
+data over every device): the steps run on the chip while the copies take the host's CPU and the
+device-to-host link, as on a cluster. --every=-1 compares the default cadence instead of a copy every step
+(a copy every 2, 4, 8 ... steps where a copy's work outlasts a step; the last cadence line is printed), and
+--set=KEY=VALUE overrides the config (a batch that gives the chip a realistic step).
 
   .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m] [--base=DIR]
-      [--processes=2]
+      [--processes=2] [--accelerator] [--every=1] [--set=global_batch_size=128 ...]
   .venv/bin/python benchmarks/local_tier.py --pieces [--mib=6.4]
 
 --pieces times what one copy of that many MiB costs a process's CPU, in one process without devices:
@@ -47,24 +53,27 @@ FLAGS = [
   "--config.eval_every=0",
   "--config.checks.first_step=false",
 ]
-FLAGS += ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.log_every=4"]
+LOG_EVERY = 4
+FLAGS += ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
+FLAGS += [f"--config.log_every={LOG_EVERY}"]
 
 
 def seconds_per_step(
   model: dict, steps: int, local_every: int, workdir: str, processes: int
-) -> tuple[float, dict]:
-  """(seconds per step after the first window, the local tier's size line from process 0's output)."""
+) -> tuple[tuple[float, float], list[str]]:
+  """((seconds per step after the first windows, over the second half of the steps), process 0's lines
+  about the devices and the local tier).
+
+  processes=0: one process on the accelerators, without logical CPU devices.
+  """
   flags = [*FLAGS, f"--config.steps={steps}", f"--config.checkpoint.every={steps}"]
   flags += [f"--config.{k}={v}" for k, v in model.items()]
   flags += [f"--config.checkpoint.local_every={local_every}", f"--workdir={workdir}"]
   flags += [f"--config.checkpoint.local_dir={workdir}-local"]  # Under the base: /dev/shm where it exists.
-  launcher = [
-    sys.executable,
-    "launch/local.py",
-    f"--processes={processes}",
-    f"--cpu_devices={8 // processes}",
-  ]
-  launcher += ["--"]
+  launcher = [sys.executable, "main.py"]
+  if processes:
+    launcher = [sys.executable, "launch/local.py", f"--processes={processes}"]
+    launcher += [f"--cpu_devices={8 // processes}", "--"]
   result = subprocess.run(launcher + flags, cwd=REPO, capture_output=True, text=True, timeout=1800)
   if result.returncode:
     errors = [line for line in (result.stdout + result.stderr).splitlines() if "error" in line.lower()]
@@ -73,11 +82,16 @@ def seconds_per_step(
     rows = [r for r in map(json.loads, f) if "loss" in r]
   # From the first row after the tiers' first KEEP + 1 copies, whose files are new (a one-off per run: a
   # new file's pages are allocated as written, 3.1 s for the 4th 1.2 GiB copy in /dev/shm against 0.3 s
-  # over a spare), or the first row where the run is too short for that.
-  first = next((r for r in rows[:-1] if r["step"] >= KEEP + 2), rows[0])
+  # over a spare), and after the default cadence's first decision holds (from the second logging step:
+  # until then it copies every step), or the first row where the run is too short for that.
+  first = next((r for r in rows[:-1] if r["step"] >= max(KEEP + 2, 2 * LOG_EVERY)), rows[0])
+  # And over the second half of the steps: the default cadence settled (it doubles N a window at a time).
+  half = next((r for r in rows[:-1] if r["step"] >= steps // 2), first)
   last = rows[-1]
-  sizes = [line for line in result.stdout.splitlines() if "local tier:" in line and "MiB" in line]
-  return (last["time"] - first["time"]) / (last["step"] - first["step"]), (sizes[0] if sizes else "")
+  lines = [line.split("] ", 1)[-1] for line in result.stdout.splitlines()]
+  lines = [line for line in lines if line.startswith(("devices:", "local tier:"))]
+  per_step = lambda row: (last["time"] - row["time"]) / (last["step"] - row["step"])
+  return (per_step(first), per_step(half)), lines
 
 
 def default_base() -> str:
@@ -124,33 +138,43 @@ def main():
   parser.add_argument("--mib", type=float, default=6.4, help="with --pieces: the copy's size")
   parser.add_argument("--base", default=default_base(), help="the folder the runs and copies go under")
   parser.add_argument("--processes", type=int, default=2, help="1: the local tier alone, no partner")
+  parser.add_argument("--accelerator", action="store_true", help="one process on the accelerators")
+  parser.add_argument("--every", type=int, default=1, help="-1: the default cadence; N: every N steps")
+  parser.add_argument("--set", action="append", default=[], help="KEY=VALUE, a config override")
   args = parser.parse_args()
   if args.pieces:
     return pieces(args.mib, args.base)
-  print(
-    f"{args.processes} processes x {8 // args.processes} logical CPU devices; seconds per step, "
-    "copies every step against none"
-  )
-  # The ~107M model fully sharded over the 8 devices: each process copies half of its 1.2 GiB state,
-  # and the tiers' eight copies per process fit this machine's memory.
-  large = {**LARGE, "mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1}
+  processes = 0 if args.accelerator else args.processes
+  if processes:
+    print(f"{processes} processes x {8 // processes} logical CPU devices", end="")
+    # The ~107M model fully sharded over the 8 devices: each process copies half of its 1.2 GiB state,
+    # and the tiers' eight copies per process fit this machine's memory.
+    mesh = {"mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1}
+  else:
+    print("1 process on the accelerators", end="")
+    mesh = {"mesh.data": -1, "mesh.fsdp": 1, "mesh.tensor": 1}
+  overrides = dict(kv.split("=", 1) for kv in args.set)
+  cadence = "the default cadence" if args.every == -1 else f"a copy every {args.every} steps"
+  print(f"; seconds per step, {cadence} against none")
   for name in args.models.split(","):
-    model = {"smoke": {}, "107m": large}[name]
-    times = {0: [], 1: []}
-    size = ""
+    model = {"smoke": {}, "107m": LARGE}[name] | (mesh if name == "107m" or not processes else {})
+    model |= overrides
+    times = {0: [], args.every: []}
+    lines = []
     with tempfile.TemporaryDirectory(dir=args.base) as tmp:
       for r in range(args.rounds):
-        for every in (0, 1):
+        for every in times:
           workdir = os.path.join(tmp, f"{every}-{r}")
-          s, line = seconds_per_step(model, args.steps, every, workdir, args.processes)
+          s, lines_now = seconds_per_step(model, args.steps, every, workdir, processes)
           times[every].append(s)
-          size = line or size
-    off, on = statistics.median(times[0]), statistics.median(times[1])
-    print(f"{name:>6}: off {off:.3f} s, local+peer every step {on:.3f} s: off/on {off / on:.3f}x")
-    rounds = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(times[0], times[1], strict=True))
+          lines = lines_now or lines
+    for i, which in enumerate(("", " (second half)")):
+      off, on = (statistics.median(t[i] for t in times[every]) for every in times)
+      print(f"{name:>6}: off {off:.3f} s, local tier on {on:.3f} s: off/on {off / on:.3f}x{which}")
+    rounds = ", ".join(f"{a[0]:.3f}/{b[0]:.3f}" for a, b in zip(*times.values(), strict=True))
     print(f"        each round, off/on s per step: {rounds}")
-    if size:
-      print(f"        {size.split('] ', 1)[-1]}")
+    for line in lines:  # The devices, the tier's size and the last round's cadence decisions.
+      print(f"        {line}")
 
 
 if __name__ == "__main__":
