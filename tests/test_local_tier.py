@@ -294,3 +294,31 @@ def test_one_writer_thread_makes_every_copy_and_an_error_reaches_the_next_wait(t
   tier.close(finished=False)
   writers[0].join(timeout=5)
   assert not writers[0].is_alive()
+
+
+def test_the_device_copy_keeps_every_shard_in_buffers_of_its_own_and_comes_back_whole():
+  """The copy the next step cannot donate: one program for the whole state, each leaf on its own
+  sharding in new buffers; its host shards rebuild the state under the same layout."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from trainer.checkpoint import local_shards
+
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+  specs = {"w": P("fsdp", "tensor"), "b": P(None, "tensor"), "m": P("data"), "n": P()}
+  state = {
+    k: jax.device_put(jnp.arange(64.0).reshape(8, 8) + i, NamedSharding(mesh, s))
+    for i, (k, s) in enumerate(specs.items())
+  }
+  copy = local_shards.device_copy(state)
+  for k, leaf in state.items():
+    assert copy[k].sharding.is_equivalent_to(leaf.sharding, leaf.ndim), k
+    mine = {s.data.unsafe_buffer_pointer() for s in leaf.addressable_shards}
+    assert not mine & {s.data.unsafe_buffer_pointer() for s in copy[k].addressable_shards}, k
+  target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()}
+  back = local_shards.to_state(local_shards.host_copy(copy), target)
+  for k, leaf in state.items():
+    assert back[k].sharding.is_equivalent_to(leaf.sharding, leaf.ndim)
+    np.testing.assert_array_equal(np.asarray(back[k]), np.asarray(leaf))
