@@ -183,6 +183,7 @@ def test_a_local_dir_without_room_is_one_line_unless_the_tier_is_automatic(tmp_p
     assert result.returncode == 2, result.stdout + result.stderr
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert "of room and the local and peer tiers need" in line and "local_every=0" in line, line
+    assert "shards, no partner's: one process)" in line, line  # Half the room of a process with a partner.
     result = run_main(
       *flags[:-2],
       f"--config.checkpoint.local_dir={small}",

@@ -266,19 +266,19 @@ def newest_common(holdings: dict[int, dict], processes: int) -> int | None:
   return max(common) if common else None
 
 
-def shortfall(local_dir: str, state_bytes: int) -> str | None:
-  """Why `local_dir` cannot hold the tiers' copies, or None: KEEP copies of this process's shards and
-  KEEP of its partner's, and the spare of each that the next copy is written over."""
+def shortfall(local_dir: str, state_bytes: int, partnered: bool = True) -> str | None:
+  """Why `local_dir` cannot hold the tiers' copies, or None: KEEP copies of this process's shards, KEEP
+  of its partner's where it has one, and the spare of each that the next copy is written over."""
   try:
     os.makedirs(local_dir, exist_ok=True)
     have = shutil.disk_usage(local_dir).free + _bytes_under(local_dir)
   except OSError as e:
     return f"checkpoint.local_dir={local_dir} cannot be used ({e.strerror or e})"
-  if have >= 2 * (KEEP + 1) * state_bytes:
+  if have >= (1 + partnered) * (KEEP + 1) * state_bytes:
     return None
   return (
     f"checkpoint.local_dir={local_dir} has {have / 2**20:.1f} MiB of room and the local and peer tiers "
-    f"need {memory_line(state_bytes)}"
+    f"need {memory_line(state_bytes, partnered)}"
   )
 
 
@@ -295,7 +295,8 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
     return None
   local_dir = os.path.abspath(c.local_dir or default_dir(workdir))
   held = state_bytes(target)  # This process's distinct shards: what each copy holds.
-  short = shortfall(local_dir, held)
+  partnered = jax.process_count() > 1
+  short = shortfall(local_dir, held, partnered)
   timeout_s = config.watchdog.startup_timeout_s
   if not multihost.all_agree("local_tier_room", short is None, timeout_s):
     why = short or "another process's local_dir has no room"
@@ -308,15 +309,17 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
   key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
   link_timeout_s = config.watchdog.peer_timeout_s or _PEER_TIMEOUT_S
   tier = LocalTier(local_dir, key, json.loads(config.to_json()), link_timeout_s)
-  console(f"local tier: {memory_line(held)}; {local_dir}")
+  console(f"local tier: {memory_line(held, partnered)}; {local_dir}")
   return tier
 
 
-def memory_line(state_bytes: int) -> str:
-  """What the tiers hold in host memory per process (process 0's shards stand for every process's)."""
+def memory_line(state_bytes: int, partnered: bool = True) -> str:
+  """What the tiers hold in host memory per process (process 0's shards stand for every process's); one
+  process alone has no partner's copies to hold."""
+  partners = " and as many of its partner's" if partnered else ", no partner's: one process"
   return (
-    f"up to {2 * (KEEP + 1) * state_bytes / 2**20:.1f} MiB of host memory per process ({KEEP + 1} copies "
-    f"of its {state_bytes / 2**20:.1f} MiB of shards and as many of its partner's)"
+    f"up to {(1 + partnered) * (KEEP + 1) * state_bytes / 2**20:.1f} MiB of host memory per process "
+    f"({KEEP + 1} copies of its {state_bytes / 2**20:.1f} MiB of shards{partners})"
   )
 
 
