@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 from tests.conftest import REPO, TINY_FLAGS, tiny_config
-from trainer import cadence
 from trainer.cadence import CopyCadence, itstime, steps_per_copy
 from trainer.train import train
 
@@ -24,33 +23,35 @@ def test_itstime_is_every_n_steps_and_the_last_when_asked():
   assert [s for s in range(1, 11) if itstime(s, 0, 10, last=True)] == [10]  # 0: never, but the last.
 
 
-def test_the_local_tier_copies_less_often_only_while_its_copies_would_set_the_pace(monkeypatch, capsys):
-  assert steps_per_copy(1, copy_s=0.05, step_s=0.2) == 1  # A copy fits in a step: every step.
-  assert steps_per_copy(1, copy_s=0.6, step_s=0.6) == 2  # Copies set the pace: a step lasts a copy...
-  assert steps_per_copy(2, copy_s=0.6, step_s=0.3) == 4  # ... or half of one, until they do not.
-  assert steps_per_copy(8, copy_s=0.6, step_s=0.17) == 8  # 4.4 steps needed: no change in the band.
-  assert steps_per_copy(16, copy_s=0.6, step_s=0.17) == 8  # A third of N or less: fewer steps.
-  assert steps_per_copy(8, copy_s=0.01, step_s=0.17) == 1
+def test_the_local_tier_copies_less_often_where_a_copy_takes_more_than_a_tenth_of_the_steps(capsys):
+  assert steps_per_copy(1, copy_s=0.005, step_s=0.2) == 1  # A fortieth of a step: every step.
+  assert steps_per_copy(1, copy_s=0.06, step_s=0.2) == 4  # A copy's work at most a tenth of 4 steps.
+  assert steps_per_copy(4, copy_s=0.06, step_s=0.17) == 4  # 3.5 steps needed: no change in the band.
+  assert steps_per_copy(16, copy_s=0.06, step_s=0.17) == 4  # A third of N or less: fewer steps.
+  assert steps_per_copy(8, copy_s=0.001, step_s=0.17) == 1
   assert [s for s in range(1, 10) if CopyCadence(3, 4, 1).due(s)] == [3, 6, 9]  # local_every=3, always.
   assert not any(CopyCadence(0, 4, 1).due(s) for s in range(1, 10))  # Off.
-  clock = [100.0]
-  monkeypatch.setattr(cadence.time, "time", lambda: clock[0])
   copies = CopyCadence(-1, log_every=4, timeout_s=1)
   copies.begin(0, 0)
-  due, waited = [], 0.0
-  for step in range(1, 25):
-    clock[0] += max(0.1, 1.0 / copies.every)  # Steps of 0.1 s, held to the pace of 1 s copies...
-    waited += max(0.0, 1.0 / copies.every - 0.1)  # ... by the loop's waits for them.
+  due, waited, window_s = [], 0.0, 0.0
+  for step in range(1, 81):
+    copy_s = 0.4 if step <= 70 else 0.005  # Then copies become cheap.
+    window_s += max(0.1, copy_s / copies.every)  # Steps of 0.1 s, held to the pace of the copies...
+    waited += max(0.0, copy_s / copies.every - 0.1)  # ... by the loop's waits for them.
     due += [step] if copies.due(step) else []
     if step % 4 == 0:
-      copies.decide(step, copy_s=1.0, waited_s=waited)
-  # 1 s copies of 0.1 s steps: the waits taken out, the first decision sees the steps' own 0.1 s and
-  # holds from the next logging step on, a window later: 16 steps a copy from step 8, said once.
-  assert due == [1, 2, 3, 4, 5, 6, 7, 16], due
+      copies.decide(step, copy_s=copy_s, step_s=window_s / 4, waited_s=waited)
+      window_s = 0.0
+  # 0.4 s copies of 0.1 s steps: the waits taken out, the first decision sees the steps' own 0.1 s and
+  # holds from the next logging step on, a window later: 64 steps a copy (0.4 s is a tenth of 40
+  # steps) from step 8, said once; copies of 5 ms are a twentieth of a step: every step again.
+  assert due == [1, 2, 3, 4, 5, 6, 7, 64, 76, 77, 78, 79, 80], due
   lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
   assert lines == [
-    "local tier: a copy every 16 steps from step 8 (a copy's work 1.00 s, 0.100 s per step); "
-    "a lost host costs up to 16 steps",
+    "local tier: a copy every 64 steps from step 8 (a copy's work 0.40 s, 0.100 s per step); "
+    "a lost host costs up to 64 steps",
+    "local tier: a copy every step from step 76 (a copy's work 0.01 s, 0.100 s per step); "
+    "a lost host costs up to a step",
   ], lines
 
 

@@ -12,7 +12,8 @@ that step comes, a whole window after it was made. Every process decides the sam
 slow clock, and no step runs a collective for it.
 
 `CopyCadence` decides the same way how often the local tier copies: every step while a copy's work
-fits in a step, else every N steps, so that copies never set the loop's pace.
+fits in a tenth of a step, else every N steps, so that copies cost the loop little and never set its
+pace.
 """
 
 import math
@@ -112,10 +113,11 @@ class ByClock(_Published):
 class CopyCadence(_Published):
   """When the local tier copies (trainer/checkpoint/local.py). checkpoint.local_every=N > 0: every N
   steps, each copy waiting for the one before (copies slower than N steps set the loop's pace).
-  -1: every step while a copy's work fits in a step, else every N steps (a power of two), so that
-  copies do not set the pace: at each logging step process 0 compares its last copy's work with the
-  window's seconds per step and decides N for the window after the next logging step; a change is said
-  in one line (a lost host then costs up to N steps)."""
+  -1: every step while a copy's work fits in a tenth of a step (WORK_SHARE), else every N steps (a
+  power of two), so that copies cost the loop little and never set its pace: at each logging step
+  process 0 compares its last copy's work with the window's seconds per step and decides N for the
+  window after the next logging step; a change is said in one line (a lost host then costs up to N
+  steps, about ten copies' work)."""
 
   def __init__(self, local_every: int, log_every: int, timeout_s: float):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
@@ -135,29 +137,39 @@ class CopyCadence(_Published):
       every, *measured = value.split()
       if int(every) != self.every:
         self.every = int(every)
-        how = f"every {self.every} steps" if self.every > 1 else "every step"
+        how, lost = (
+          (f"every {self.every} steps", f"{self.every} steps") if self.every > 1 else ("every step", "a step")
+        )
         why = f" (a copy's work {measured[0]} s, {measured[1]} s per step)" if measured else ""
-        console(f"local tier: a copy {how} from step {step}{why}; a lost host costs up to {self.every} steps")
+        console(f"local tier: a copy {how} from step {step}{why}; a lost host costs up to {lost}")
     return step % self.every == 0
 
-  def decide(self, step: int, copy_s: float, waited_s: float) -> None:
-    """At logging step `step`: process 0 decides N for the next logging step from this window's seconds
-    per step and `copy_s`, the work of its last copy (to host memory, written, checksummed and sent).
-    `waited_s`, the seconds the loop has waited for copies so far, is taken out of the window: N is
-    judged against the steps' own pace, not the one copies set, so it gets there in one decision."""
-    window_s = self._window_s(step) - (waited_s - self._waited_s)
-    step_s, self._from, self._waited_s = max(window_s, 0.0) / max(step - self._from, 1), step, waited_s
+  def decide(self, step: int, copy_s: float, step_s: float, waited_s: float) -> None:
+    """At logging step `step`: process 0 decides N for the next logging step from `copy_s`, the work of
+    its last copy (to host memory, written, checksummed and sent), and `step_s`, the window's seconds
+    per step (its metrics row's: saves and evaluations left out). `waited_s`, the seconds the loop has
+    waited for copies' work so far, is taken out of it: N is judged against the steps' own pace, not the
+    one copies set, so it gets there in one decision."""
+    self._window_s(step)  # Forgets the decisions up to `step`.
+    steps, self._from = max(step - self._from, 1), step
+    step_s, self._waited_s = max(step_s - (waited_s - self._waited_s) / steps, 0.0), waited_s
     if self.adapts:
       every = steps_per_copy(self.every, copy_s, step_s)
       self._publish(self._next_logging_step(step), f"{every} {copy_s:.2f} {step_s:.3f}")
 
 
+# The share of the time between copies that a copy's work may take. Much of that work runs beside the
+# loop (writes, checksums, transfers), but not all of it: on a TPU v5e host a third of each copy's work
+# of the ~107M model came out of the loop's time (copies every 32 steps of 30 ms cost 13%), so a tenth
+# keeps the cost near 3% there (benchmarks/local_tier.py --accelerator --every=-1).
+WORK_SHARE = 0.1
+
+
 def steps_per_copy(every: int, copy_s: float, step_s: float) -> int:
-  """The next N from the present one: the power of two of steps that covers a copy's work with a
-  quarter to spare, when that is more than N (copies that set the pace make a step last a copy's work
-  over N, so N doubles until they do not) or at most a third of it (the band between keeps N from
+  """The next N from the present one: the power of two of steps whose time a copy's work takes at most
+  WORK_SHARE of, when that is more than N or at most a third of it (the band between keeps N from
   flapping); else N."""
-  need = 1.25 * copy_s / max(step_s, 1e-9)
+  need = copy_s / WORK_SHARE / max(step_s, 1e-9)
   if need > every or 3 * need <= every:
     return 1 if need <= 1 else min(2 ** math.ceil(math.log2(need)), 1 << 16)
   return every

@@ -20,6 +20,7 @@ written under this layout by as many processes, wins if it is newer than the new
 checkpoint. Each process reads its own copy, else fetches it from the process that holds it.
 """
 
+import collections
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ import pickle
 import queue
 import shutil
 import socket
+import statistics
 import tempfile
 import threading
 import time
@@ -70,8 +72,9 @@ class LocalTier:
     self._idle.set()
     self._released, self._kept = threading.Event(), False
     self._error: BaseException | None = None
-    self.work_s = 0.0  # The last copy's work (to host, written, sent): trainer/cadence.py's CopyCadence.
-    self.waited_s = 0.0  # How long the loop has waited for copies in all: the same.
+    self._works = collections.deque(maxlen=8)  # The last copies' work: work_s.
+    self.waited_s = 0.0  # How long the loop has waited for copies' work in all (not their steps): the same.
+    self._step_ran_at = 0.0  # When the copy in flight's step had run on the devices.
     os.makedirs(self.own, exist_ok=True)
     self.partner = None
     self._service = peers.service()
@@ -101,17 +104,20 @@ class LocalTier:
       self._writer.start()
     self._jobs.put(([on_devices], finite_flags, record, manifest))  # A box the writer empties: freed early.
 
+  @property
+  def work_s(self) -> float:
+    """A copy's work (to host memory, written, sent), the median of the last eight: one copy's varies
+    several-fold on a loaded host. For trainer/cadence.py's CopyCadence."""
+    return statistics.median(self._works) if self._works else 0.0
+
   def release(self) -> None:
     """The step's rows are written: its copy may become whole (written and sent)."""
     self._kept = True
     self._released.set()
 
   def _serve(self) -> None:
-    """The writer: one thread for the run, so every copy's host memory comes from, and goes back to, the
-    same malloc arena. A thread per copy left each copy's pages in a new arena: on a TPU host, 1.1 GiB
-    more resident memory per copy of a 1.2 GiB state (a 64-step run was killed for memory), and a copy
-    to host at 3 GiB/s, faulting in fresh pages, against 12.6 over reused ones (probe in the note of
-    issue 36)."""
+    """The writer: one thread for the run, so each copy's host memory reuses the last one's malloc arena
+    (a thread per copy grew 1.1 GiB per copy of a 1.2 GiB state on a TPU host: WORKSPACE)."""
     while (job := self._jobs.get()) is not None:
       try:
         self._write(*job)
@@ -124,9 +130,10 @@ class LocalTier:
     the copy whole once released, then streams the file to the partner."""
     step = record["step"]
     try:
-      if not all(bool(ok) for ok, _ in jax.device_get(finite_flags)):
+      finite = all(bool(ok) for ok, _ in jax.device_get(finite_flags))
+      started = self._step_ran_at = time.time()  # The step has run: the copy's work starts.
+      if not finite:
         return  # The loop rolls back when it checks these steps; their copies must not exist.
-      started = time.time()  # The step has run: the copy's work starts.
       record["shards"] = host_copy(on_devices.pop())  # Its device memory freed once on the host.
       digest = copies.stage(self.own, step, lambda w: pickle.dump(record, w, protocol=5))
       staged_s = time.time() - started
@@ -139,7 +146,7 @@ class LocalTier:
       copies.commit(self.own, step, manifest)
       if self.partner is not None:
         self._send_to_partner(step, manifest)
-      self.work_s = staged_s + time.time() - released
+      self._works.append(staged_s + time.time() - released)
     except BaseException as e:  # noqa: BLE001 - raised in the loop by wait().
       self._error = e
 
@@ -167,7 +174,8 @@ class LocalTier:
       started = time.time()
       self._released.set()  # Never released (an error after the copy): dropped, not written.
       self._idle.wait()
-      self.waited_s += time.time() - started
+      # Waiting for the copy's step to run is the pipeline's; only the wait for its work counts.
+      self.waited_s += time.time() - max(started, self._step_ran_at)
     if self._error is not None and raise_error:
       error, self._error = self._error, None
       raise error
