@@ -31,10 +31,8 @@ def host_copy(state) -> dict:
 
 
 @jax.jit
-@jax.jit
 def device_copy(state):
-  """A second copy of `state` on the same devices and shardings (XLA keeps an explicit copy), in one
-  program: a dispatch per leaf took 5.8 ms of the loop's time for 216 leaves on CPU devices, one 0.3."""
+  """A second copy of `state` on the same devices and shardings (XLA keeps an explicit copy)."""
   return jax.tree.map(jnp.copy, state)
 
 
