@@ -168,3 +168,26 @@ def test_a_stream_that_stalls_or_closes_midway_is_a_peer_error(tmp_path, way, mo
       peers.read_to_file(b, 100, f)
     a.close()
     b.close()
+
+
+def test_a_request_that_fails_in_the_peer_service_is_one_line_and_nothing_at_shutdown(capfd, monkeypatch):
+  """A handler's unexpected error is one warning, not socketserver's traceback; while the interpreter
+  shuts down (a partner's copy or probe arriving as the process exits: "can't create new thread at
+  interpreter shutdown"), nothing: the run's last line stays its last."""
+
+  def fail(payload: bytes) -> bytes:
+    raise RuntimeError("boom")
+
+  service = peers.PeerService(0, "127.0.0.1", 0)
+  try:
+    service.handlers[9] = fail
+    with pytest.raises(peers.PeerError):
+      peers.request(service.address, 9, b"", 5)
+    err = capfd.readouterr().err
+    assert err.strip() == "warning: peer service: a request from 127.0.0.1 failed (RuntimeError: boom)", err
+    monkeypatch.setattr(peers.sys, "is_finalizing", lambda: True)
+    with pytest.raises(peers.PeerError):
+      peers.request(service.address, 9, b"", 5)
+    assert capfd.readouterr().err == ""
+  finally:
+    service.close()

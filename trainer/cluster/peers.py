@@ -163,6 +163,14 @@ class _Server(socketserver.ThreadingTCPServer):
   daemon_threads = True  # A caller that hangs holds its own thread only, and never the process's exit.
   allow_reuse_address = True
 
+  def handle_error(self, request, client_address) -> None:
+    """One line instead of socketserver's traceback, and nothing while the interpreter shuts down: a
+    partner's copy or probe that arrives as this process exits gets no thread ("can't create new thread
+    at interpreter shutdown"), and the peer sees the connection close."""
+    if not sys.is_finalizing():
+      error = sys.exception()
+      _warn(f"peer service: a request from {client_address[0]} failed ({type(error).__name__}: {error})")
+
 
 class PeerService:
   """Listens on `host:port` (0: a port the kernel picks) and answers with `handlers[type](payload)`."""
