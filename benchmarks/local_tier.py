@@ -13,7 +13,8 @@ writeback costs CPU too; --processes=1 measures the local tier alone (no partner
 --accelerator runs one process on this machine's accelerators instead (main.py without --cpu_devices, mesh
 data over every device): the steps run on the chip while the copies take the host's CPU and the
 device-to-host link, as on a cluster. --every=-1 compares the default cadence instead of a copy every step
-(a copy every 2, 4, 8 ... steps where a copy's work outlasts a step; the last cadence line is printed), and
+(a copy every 2, 4, 8 ... steps where a copy's work takes more than a tenth of a step; its lines are
+printed), and
 --set=KEY=VALUE overrides the config (a batch that gives the chip a realistic step).
 
   .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m] [--base=DIR]
@@ -89,7 +90,7 @@ def seconds_per_step(
   # over a spare), and after the default cadence's first decision holds (from the second logging step:
   # until then it copies every step), or the first row where the run is too short for that.
   first = next((r for r in rows[:-1] if r["step"] >= max(KEEP + 2, 2 * LOG_EVERY)), rows[0])
-  # And over the second half of the steps: the default cadence settled (it doubles N a window at a time).
+  # And over the second half of the steps: the default cadence settled, after its first decisions.
   half = next((r for r in rows[:-1] if r["step"] >= steps // 2), first)
   last = rows[-1]
   lines = [line.split("] ", 1)[-1] for line in result.stdout.splitlines()]

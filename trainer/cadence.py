@@ -48,11 +48,15 @@ class _Published:
     self._attempt, self._decided, self._last_decision = attempt, {}, time.time()
     self._publish(self._next_logging_step(step), value)
 
+  def _forget(self, step: int) -> None:
+    """Forgets the decisions up to `step`, read or made: each is needed up to its own step only."""
+    self._decided = {s: v for s, v in self._decided.items() if s > step}
+
   def _window_s(self, step: int) -> float:
     """Seconds since the last decision (a logging window), forgetting decisions up to `step`."""
     now = time.time()
     window_s, self._last_decision = now - self._last_decision, now
-    self._decided = {s: v for s, v in self._decided.items() if s > step}
+    self._forget(step)
     return window_s
 
   def _read(self, step: int) -> str | None:
@@ -115,9 +119,9 @@ class CopyCadence(_Published):
   steps, each copy waiting for the one before (copies slower than N steps set the loop's pace).
   -1: every step while a copy's work fits in a tenth of a step (WORK_SHARE), else every N steps (a
   power of two), so that copies cost the loop little and never set its pace: at each logging step
-  process 0 compares its last copy's work with the window's seconds per step and decides N for the
-  window after the next logging step; a change is said in one line (a lost host then costs up to N
-  steps, about ten copies' work)."""
+  process 0 compares a copy's work (the median of its last eight) with the window's seconds per step
+  and decides N for the window after the next logging step; a change is said in one line (a lost host
+  then costs up to N steps, about ten copies' work)."""
 
   def __init__(self, local_every: int, log_every: int, timeout_s: float):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
@@ -145,12 +149,12 @@ class CopyCadence(_Published):
     return step % self.every == 0
 
   def decide(self, step: int, copy_s: float, step_s: float, waited_s: float) -> None:
-    """At logging step `step`: process 0 decides N for the next logging step from `copy_s`, the work of
-    its last copy (to host memory, written, checksummed and sent), and `step_s`, the window's seconds
-    per step (its metrics row's: saves and evaluations left out). `waited_s`, the seconds the loop has
-    waited for copies' work so far, is taken out of it: N is judged against the steps' own pace, not the
-    one copies set, so it gets there in one decision."""
-    self._window_s(step)  # Forgets the decisions up to `step`.
+    """At logging step `step`: process 0 decides N for the next logging step from `copy_s`, a copy's
+    work (to host memory, written, checksummed and sent: the median of the last eight), and `step_s`,
+    the window's seconds per step (its metrics row's: saves and evaluations left out). `waited_s`, the
+    seconds the loop has waited for copies' work so far, is taken out of it: N is judged against the
+    steps' own pace, not the one copies set, so it gets there in one decision."""
+    self._forget(step)
     steps, self._from = max(step - self._from, 1), step
     step_s, self._waited_s = max(step_s - (waited_s - self._waited_s) / steps, 0.0), waited_s
     if self.adapts:

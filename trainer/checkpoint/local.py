@@ -73,7 +73,7 @@ class LocalTier:
     self._released, self._kept = threading.Event(), False
     self._error: BaseException | None = None
     self._works = collections.deque(maxlen=8)  # The last copies' work: work_s.
-    self.waited_s = 0.0  # How long the loop has waited for copies' work in all (not their steps): the same.
+    self.waited_s = 0.0  # The loop's waits for copies' work in all (not for their steps): CopyCadence.
     self._step_ran_at = 0.0  # When the copy in flight's step had run on the devices.
     os.makedirs(self.own, exist_ok=True)
     self.partner = None
