@@ -102,6 +102,30 @@ def test_a_counter_sent_just_before_a_full_partition_does_not_make_the_peer_answ
   assert not watched.answering(1, now=link_quiet_since + 8, since=link_quiet_since)  # Silent since.
 
 
+def test_stopping_the_watchdog_ends_the_threads_that_call_the_coordination_service(monkeypatch):
+  """A daemon thread still inside a coordination-service call at interpreter exit aborts the process
+  after a finished run (CI: 'FATAL: exception not rethrown', exit -6): stop() must join them."""
+  from trainer.cluster import watchdog
+
+  calls = threading.Event()
+
+  class Client:  # The coordination service: answers within a millisecond.
+    def key_value_set(self, key, value, allow_overwrite=False):
+      calls.set()
+
+    def key_value_dir_get(self, prefix):
+      return []
+
+  monkeypatch.setattr(liveness.multihost, "client", lambda: Client())
+  monkeypatch.setattr(peers, "service", lambda: None)
+  config = types.SimpleNamespace(step_timeout_s=60, startup_timeout_s=60, peer_timeout_s=10)
+  dog = watchdog.Watchdog(config)
+  assert calls.wait(5), "the liveness thread never called the service"
+  dog.stop()
+  alive = [t.name for t in threading.enumerate() if t.name in ("liveness", "links", "watchdog")]
+  assert not alive, alive
+
+
 def _splice_refused_by_files(monkeypatch):
   """os.splice as on a file system without splice support: EINVAL into a file, sockets as they are."""
   real = os.splice

@@ -58,6 +58,8 @@ class Links:
 
   def stop(self) -> None:
     self._stop.set()
+    if self._service is not None:
+      self._thread.join(self._probe_timeout_s + 1)  # A probe under way ends by its own timeout.
 
   def _learn_addresses(self) -> None:
     try:

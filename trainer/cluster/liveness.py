@@ -42,13 +42,25 @@ class Liveness:
     self._seen: dict[int, tuple[int, float]] = {}  # peer -> (its counter, when we saw it change)
     self._reports: dict[int, dict] = {}  # peer -> its latest report
     self._round_trips: list[float] = []  # Seconds of each round trip since round_trip_s() last ran.
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
     if self._client is None:
       return
     from trainer.cluster import runtime
 
     # Below JAX's heartbeat, which would abort first without naming anyone; 0 stays 0 (off).
     self.timeout_s = min(peer_timeout_s, runtime.heartbeat_timeout_s() / 2)
-    threading.Thread(target=self._talk, daemon=True, name="liveness").start()
+    self._thread = threading.Thread(target=self._talk, daemon=True, name="liveness")
+    self._thread.start()
+
+  def stop(self, timeout_s: float = 5.0) -> None:
+    """Ends the thread and waits for it (at most `timeout_s`: a call that hangs in a partition is left).
+    A daemon thread still inside a coordination-service call when the interpreter exits is ended
+    there by Python, and the C++ below it aborts the process (`FATAL: exception not rethrown`, exit
+    -6) after a run that finished."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout_s)
 
   def publish(self, report: dict) -> None:
     """Sent with the next counter (within a second)."""
@@ -62,7 +74,7 @@ class Liveness:
 
   def _talk(self) -> None:
     count = 0
-    while True:
+    while not self._stop.is_set():
       count += 1
       with self._lock:
         mine = json.dumps({"count": count, "report": self._report})
@@ -71,7 +83,7 @@ class Liveness:
         self._client.key_value_set(f"liveness/{self.me}", mine, allow_overwrite=True)
         rows = self._client.key_value_dir_get("liveness/")
       except Exception:  # noqa: BLE001 - the service unreachable: judged by the contact's age.
-        time.sleep(PERIOD_S)
+        self._stop.wait(PERIOD_S)
         continue
       now = time.time()
       with self._lock:
@@ -87,7 +99,7 @@ class Liveness:
           self._reports[peer] = row["report"] or None
           if self._seen.get(peer, (None,))[0] != row["count"]:
             self._seen[peer] = (row["count"], now)
-      time.sleep(PERIOD_S)
+      self._stop.wait(PERIOD_S)
 
   def round_trip_s(self) -> float:
     """The mean round trip to the coordination service (on process 0's host) since the last call: a

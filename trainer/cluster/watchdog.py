@@ -81,9 +81,11 @@ class Watchdog:
     self._peers.publish(report)
 
   def stop(self) -> None:
+    """Ends and joins every thread of ours that talks to peers, before the interpreter exits."""
     self._stop.set()
     self._links.stop()
     self._thread.join(timeout=5)
+    self._peers.stop()
 
   def _watch(self) -> None:
     while not self._stop.wait(_REPORT_EVERY_S):
