@@ -126,6 +126,23 @@ def test_stopping_the_watchdog_ends_the_threads_that_call_the_coordination_servi
   assert not alive, alive
 
 
+def test_process_0_silent_while_its_service_no_longer_answers_is_named_as_the_service(monkeypatch):
+  """Process 1's view. CI once saw it name 'process 0 (silent for 5 s)' in a partition: process 0's
+  counter, read a round before our last trip to its service, passed the timeout first."""
+  process_1_of_2 = types.SimpleNamespace(process_index=lambda: 1, process_count=lambda: 2)
+  monkeypatch.setattr(liveness, "jax", process_1_of_2)
+  watched = liveness.Liveness(peer_timeout_s=5, startup_timeout_s=60)
+  watched._client = object()  # As if joined; no thread runs.
+  now = 1000.0
+  watched._seen[0] = (7, now - 5.5)
+  watched._contact = now - 4.0  # Our round trips stopped too: the service is gone.
+  assert watched.lost(now).startswith("process 0, which runs the coordination service"), watched.lost(now)
+  watched._contact = now - 0.5  # The service answers; process 0's own thread has stopped counting.
+  assert watched.lost(now) == "process 0 (silent for 6 s)"
+  watched._seen[0] = (8, now - 1.0)
+  assert watched.lost(now) is None
+
+
 def _splice_refused_by_files(monkeypatch):
   """os.splice as on a file system without splice support: EINVAL into a file, sockets as they are."""
   real = os.splice

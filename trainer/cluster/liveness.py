@@ -127,8 +127,13 @@ class Liveness:
       return None
     with self._lock:
       contact, seen = self._contact, dict(self._seen)
-    if now - contact > self.timeout_s and self.me != 0:
-      return f"process 0, which runs the coordination service (no answer for {now - contact:.0f} s)"
+    if self.me != 0:
+      # Process 0's counter was last read up to a round or two before our last round trip: when the
+      # service goes, it passes the timeout first, while our own trips (one a PERIOD_S when healthy) have
+      # already stopped.
+      zero_silent = 0 in seen and now - seen[0][1] > self.timeout_s and now - contact > 1.5 * PERIOD_S
+      if now - contact > self.timeout_s or zero_silent:
+        return f"process 0, which runs the coordination service (no answer for {now - contact:.0f} s)"
     silent = []
     for peer in range(jax.process_count()):
       if peer == self.me:
