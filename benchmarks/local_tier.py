@@ -15,10 +15,13 @@ data over every device): the steps run on the chip while the copies take the hos
 device-to-host link, as on a cluster. --every=-1 compares the default cadence instead of a copy every step
 (a copy every 2, 4, 8 ... steps where a copy's work takes more than a tenth of a step; its lines are
 printed), and
---set=KEY=VALUE overrides the config (a batch that gives the chip a realistic step).
+--set=KEY=VALUE overrides the config (a batch that gives the chip a realistic step). --timeline, with
+--every=N, prints the seconds per step of each logging window by its place after a copy, against the
+same windows of the run without: whether a copy slows the steps right after it (its transfer to host
+memory holding back the device) or the later ones (its writer's CPU).
 
   .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m] [--base=DIR]
-      [--processes=2] [--accelerator] [--every=1] [--set=global_batch_size=128 ...]
+      [--processes=2] [--accelerator] [--every=1] [--timeline] [--set=global_batch_size=128 ...]
   .venv/bin/python benchmarks/local_tier.py --pieces [--mib=6.4]
 
 --pieces times what one copy of that many MiB costs a process's CPU, in one process without devices:
@@ -64,10 +67,10 @@ FLAGS += [f"--config.log_every={LOG_EVERY}"]
 
 
 def seconds_per_step(
-  model: dict, steps: int, local_every: int, workdir: str, processes: int
-) -> tuple[tuple[float, float], list[str]]:
+  model: dict, steps: int, local_every: int, workdir: str, processes: int, period: int
+) -> tuple[tuple[float, float], list[str], dict[int, list[float]]]:
   """((seconds per step after the first windows, over the second half of the steps), process 0's lines
-  about the devices and the local tier).
+  about the devices and the local tier, its windows (`windows`) in periods of `period` steps).
 
   processes=0: one process on the accelerators, without logical CPU devices.
   """
@@ -96,7 +99,19 @@ def seconds_per_step(
   lines = [line.split("] ", 1)[-1] for line in result.stdout.splitlines()]
   lines = [line for line in lines if line.startswith(("devices:", "local tier:"))]
   per_step = lambda row: (last["time"] - row["time"]) / (last["step"] - row["step"])
-  return (per_step(first), per_step(half)), lines
+  return (per_step(first), per_step(half)), lines, windows(rows, half, period)
+
+
+def windows(rows: list[dict], since: dict, period: int) -> dict[int, list[float]]:
+  """{w: seconds per step of each logging window after `since` that is the w-th of a period of
+  `period` steps}: copied every `period` steps, the window the copy's step ends is the last of its
+  period, so window 0 runs while its copy is written."""
+  found: dict[int, list[float]] = {}
+  for before, row in zip(rows, rows[1:], strict=False):
+    if row["step"] > since["step"] and row["step"] < rows[-1]["step"]:
+      seconds = (row["time"] - before["time"]) / (row["step"] - before["step"])
+      found.setdefault((row["step"] - 1) % period // LOG_EVERY, []).append(seconds)
+  return found
 
 
 def default_base() -> str:
@@ -151,6 +166,7 @@ def main():
   parser.add_argument("--processes", type=int, default=2, help="1: the local tier alone, no partner")
   parser.add_argument("--accelerator", action="store_true", help="one process on the accelerators")
   parser.add_argument("--every", type=int, default=1, help="-1: the default cadence; N: every N steps")
+  parser.add_argument("--timeline", action="store_true", help="with --every=N: each window after a copy")
   parser.add_argument("--set", action="append", default=[], help="KEY=VALUE, a config override")
   args = parser.parse_args()
   if args.pieces:
@@ -171,14 +187,18 @@ def main():
     model = {"smoke": {}, "107m": LARGE}[name] | (mesh if name == "107m" or not processes else {})
     model |= overrides
     times = {0: [], args.every: []}
-    lines = []
+    lines, timeline = [], {}
     with tempfile.TemporaryDirectory(dir=args.base) as tmp:
       for r in range(args.rounds):
         for every in times:
           workdir = os.path.join(tmp, f"{every}-{r}")
-          s, lines_now = seconds_per_step(model, args.steps, every, workdir, processes)
+          s, lines_now, by_window = seconds_per_step(
+            model, args.steps, every, workdir, processes, max(args.every, 1)
+          )
           times[every].append(s)
           lines = lines_now or lines
+          for w, seconds in by_window.items():
+            timeline.setdefault(w, {}).setdefault(every, []).extend(seconds)
     for i, which in enumerate(("", " (second half)")):
       off, on = (statistics.median(t[i] for t in times[every]) for every in times)
       print(f"{name:>6}: off {off:.3f} s, local tier on {on:.3f} s: off/on {off / on:.3f}x{which}")
@@ -186,6 +206,11 @@ def main():
     print(f"        each round, off/on s per step: {rounds}")
     for line in lines:  # The devices, the tier's size and the last round's cadence decisions.
       print(f"        {line}")
+    if args.timeline and args.every > 0:  # Where a copy's cost lands: the steps right after it, or later.
+      print(f"        s per step in the k-th window of {LOG_EVERY} steps after a copy, second half, off/on:")
+      for w in sorted(timeline):
+        off, on = (statistics.median(timeline[w].get(e) or [0.0]) for e in (0, args.every))
+        print(f"          {w}: {off:.4f}/{on:.4f}")
 
 
 if __name__ == "__main__":

@@ -46,8 +46,18 @@ def test_the_local_tier_copies_less_often_where_a_copy_takes_more_than_a_tenth_o
   # holds from the next logging step on, a window later: 64 steps a copy (0.4 s is a tenth of 40
   # steps) from step 8, said once; copies of 5 ms are a twentieth of a step: every step again.
   assert due == [1, 2, 3, 4, 5, 6, 7, 64, 76, 77, 78, 79, 80], due
+  # Copies dear again: 64 steps a copy from step 88 on, and a window that a copy slowed to 0.2 s per
+  # step (the copy's own cost in the loop) does not call for copies more often (32: a tenth of 20 steps).
+  for step, window_s in ((84, 0.4), (88, 0.4), (92, 0.8), (96, 0.4), (100, 0.4)):
+    copies.due(step)
+    copies.decide(step, copy_s=0.4, step_s=window_s / 4, waited_s=waited)
+  assert copies.due(104) is False and copies.every == 64
   lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
-  assert lines == [
+  assert lines[2:] == [
+    "local tier: a copy every 64 steps from step 88 (a copy's work 0.40 s, 0.100 s per step); "
+    "a lost host costs up to 64 steps"
+  ], lines
+  assert lines[:2] == [
     "local tier: a copy every 64 steps from step 8 (a copy's work 0.40 s, 0.100 s per step); "
     "a lost host costs up to 64 steps",
     "local tier: a copy every step from step 76 (a copy's work 0.01 s, 0.100 s per step); "
