@@ -132,6 +132,10 @@ def test_a_killed_process_loses_at_most_a_step_from_every_tier_and_the_losses_st
     "local tier: nothing to resume from (process 1 has no whole copy, own or held by a partner)" in out
   ), out
   assert "resumed from checkpoint 12" in out, out
+  # Process 0's copies of the steps after 12, a future abandoned: kept, they would outrank its new ones.
+  removed = re.search(r"removed the copies of steps ([\d, ]+): the run goes on from step 12\n", out)
+  assert removed and k4 - 1 in (steps := {int(s) for s in removed.group(1).split(", ")}), out
+  assert steps <= set(range(13, k4 + 1)), steps
   # Steps trained again: the last step process 0 finished before each kill, less the step resumed from.
   last, again = 0, []
   for line in job.lines:
@@ -167,6 +171,8 @@ def test_resuming_onto_another_process_count_falls_back_to_persistent_and_says_w
   assert result.returncode == 0, result.stdout + result.stderr
   assert "copies were written under another layout or process count" in result.stdout, result.stdout
   assert "resumed from checkpoint 6" in result.stdout, result.stdout
+  removed = r"local tier: removed the copies of steps 7(, 8)?: the run goes on from step 6\n"
+  assert re.search(removed, result.stdout), result.stdout
 
 
 def test_a_local_dir_without_room_is_one_line_unless_the_tier_is_automatic(tmp_path):

@@ -122,8 +122,8 @@ class CopyCadence(_Published):
   -1: every step while a copy's work fits in a tenth of a step (WORK_SHARE), else every N steps (a
   power of two), so that copies cost the loop little and never set its pace: at each logging step
   process 0 compares a copy's work (the median of its last eight) with the seconds per step (the median
-  of the last eight windows') and decides N for the window after the next logging step; a change is said in one line (a lost host
-  then costs up to N steps, about ten copies' work)."""
+  of the last eight windows') and decides N for the window after the next logging step; a change is
+  said in one line (a lost host then costs up to N steps, about ten copies' work)."""
 
   def __init__(self, local_every: int, log_every: int, timeout_s: float):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)

@@ -239,13 +239,13 @@ class LocalTier:
       copy, where = (manifest, blob), f"process {holder}'s copy"
     return pickle.loads(copy[1]), where
 
-  def discard_after(self, step: int) -> None:
-    """Removes own and held copies newer than `step` (a rollback, or a failed integrity check), the copy
-    in flight finished or dropped first (its error, if any, kept for the next wait)."""
+  def discard_after(self, step: int) -> set[int]:
+    """Removes own and held copies newer than `step` (a rollback, a failed check, a resume from before
+    them), the copy in flight finished or dropped first (its error kept for the next wait); their steps."""
     self.wait(raise_error=False)
     held_root = os.path.join(self.root, "held")
     held = [os.path.join(held_root, n) for n in os.listdir(held_root)] if os.path.isdir(held_root) else []
-    copies.discard_after([self.own, *held], step)
+    return copies.discard_after([self.own, *held], step)
 
   def close(self, finished: bool) -> None:
     """Waits for the copy in flight and ends the writer; a finished run (its last step persistent) frees

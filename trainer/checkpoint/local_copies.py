@@ -144,9 +144,12 @@ def whole_copies(folder: str) -> dict[int, str]:
   return {step: m.get("fingerprint") for step, m in manifests.items() if m}
 
 
-def discard_after(folders: list[str], step: int) -> None:
-  """Removes the copies (whole or torn) newer than `step` from `folders`."""
+def discard_after(folders: list[str], step: int) -> set[int]:
+  """Removes the copies (whole or torn) newer than `step` from `folders`; the steps removed."""
+  removed = set()
   for folder in folders:
-    for name in os.listdir(folder):
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
       if name.split(".")[0].isdigit() and int(name.split(".")[0]) > step:
         shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+        removed.add(int(name.split(".")[0]))
+  return removed

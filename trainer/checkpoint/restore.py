@@ -32,6 +32,8 @@ def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resumin
       start = _resumed(state, position, step, saved, comp, config, changed=False)
       return start._replace(from_local_tier=True)
   restored = ckpt.restore_latest(target, check_memory=resuming)
+  if local is not None and resuming:
+    _abandon_later_copies(local, restored.step if restored else 0)
   if restored is None:
     return Start(init(), 0, 0)
   changed, saved = False, None
@@ -42,6 +44,14 @@ def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resumin
         ckpt.saved_meta(restored.step).get("layout"), store.layout(comp, config)
       )
   return _resumed(restored.state, restored.data, restored.step, saved, comp, config, changed)
+
+
+def _abandon_later_copies(local, step: int) -> None:
+  """The run goes on from `step`: its local copies of later steps belong to a future it abandons, and
+  kept they would outrank the copies it makes now (the newest steps are kept) until it passes them."""
+  if removed := local.discard_after(step):
+    steps = ", ".join(map(str, sorted(removed)))
+    console(f"local tier: removed the copies of steps {steps}: the run goes on from step {step}")
 
 
 def _resumed(state, position: dict, step: int, saved: dict | None, comp, config, changed: bool) -> Start:
