@@ -59,7 +59,7 @@ class Links:
   def stop(self) -> None:
     self._stop.set()
     if self._service is not None:
-      self._thread.join(self._probe_timeout_s + 1)  # A probe under way ends by its own timeout.
+      self._thread.join(2.0)  # A probe takes milliseconds; one that hangs in a partition is left.
 
   def _learn_addresses(self) -> None:
     try:

@@ -53,7 +53,7 @@ class Liveness:
     self._thread = threading.Thread(target=self._talk, daemon=True, name="liveness")
     self._thread.start()
 
-  def stop(self, timeout_s: float = 5.0) -> None:
+  def stop(self, timeout_s: float = 2.0) -> None:
     """Ends the thread and waits for it (at most `timeout_s`: a call that hangs in a partition is left).
     A daemon thread still inside a coordination-service call when the interpreter exits is ended
     there by Python, and the C++ below it aborts the process (`FATAL: exception not rethrown`, exit
