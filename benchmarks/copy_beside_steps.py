@@ -132,7 +132,8 @@ def main():
   writer.join()
   shutil.rmtree(folder)
   transfer_s = statistics.median(transfers)
-  print(f"a copy to host memory: {transfer_s:.3f} s ({mib / 1024 / transfer_s:.1f} GiB/s)")
+  what = "to host memory and written" if args.write else "to host memory"
+  print(f"a copy's work, {what}: {transfer_s:.3f} s ({mib / 1024 / transfer_s:.1f} GiB/s)")
   print("window after a copy: seconds per step (median), longest dispatch (median)")
   for place in sorted(windows):
     per_step, dispatch_ms = statistics.median(windows[place]), statistics.median(dispatches[place]) * 1e3
