@@ -1,6 +1,7 @@
 """Checkpoints restore onto other meshes, strategies and device counts; a damaged newest checkpoint
 falls back to the previous one; a model-shape change and NaN/Inf stop with an error or roll back."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -293,6 +294,23 @@ def test_checksums_are_written_in_shares_and_prove_only_when_every_share_landed(
   assert proof.verify(str(tmp_path)) is False
 
 
+def test_a_checkpoint_proven_by_sha256_before_the_switch_to_xxh3_is_still_proven(tmp_path):
+  """Checkpoints written before version 2 record SHA-256 digests: still whole, still damage when changed."""
+  from trainer.checkpoint import proof
+
+  (tmp_path / "state").mkdir()
+  (tmp_path / "state" / "f0").write_bytes(b"weights" * 100)
+  files = {"state/f0": [700, hashlib.sha256(b"weights" * 100).hexdigest()]}
+  (tmp_path / "checksums-0-of-1.json").write_text(json.dumps({"version": 1, "files": files}))
+  assert proof.verify(str(tmp_path)) is True
+  proof.write(str(tmp_path), (0, 1))  # Written now: XXH3-128.
+  written = json.loads((tmp_path / "checksums-0-of-1.json").read_text())
+  assert written["version"] == 2 and written["files"]["state/f0"][1].startswith("xxh3_128:"), written
+  (tmp_path / "checksums-0-of-1.json").write_text(json.dumps({"version": 1, "files": files}))
+  (tmp_path / "state" / "f0").write_bytes(b"weighty" * 100)
+  assert proof.verify(str(tmp_path)) == "state/f0 changed (checksum differs)"
+
+
 def test_checksum_shares_are_balanced_by_bytes_and_hold_every_file_once(tmp_path):
   """Files of very unequal sizes, as Orbax writes them: together the n shares are every file exactly
   once, and no process has more than the largest file above another. On disk, 4 large files and 4
@@ -320,5 +338,5 @@ def test_checksum_shares_are_balanced_by_bytes_and_hold_every_file_once(tmp_path
   (tmp_path / "state" / "f2").write_bytes(bytes([9]) * 4000)
   assert sorted(str(proof.verify(str(tmp_path), (i, 2))) for i in range(2)) == [
     "True",
-    "state/f2 changed (sha256 differs)",
+    "state/f2 changed (checksum differs)",
   ]
