@@ -4,6 +4,7 @@ falls back to the previous one; a model-shape change and NaN/Inf stop with an er
 import hashlib
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -56,9 +57,12 @@ def test_restore_onto_another_mesh_strategy_or_device_count_continues(tmp_path, 
   np.testing.assert_allclose(_trajectory(str(tmp_path)), straight, rtol=1e-5)
 
 
-def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, straight, capsys):
+@pytest.mark.parametrize("local_every", [0, 1], ids=["persistent only", "with the local tier"])
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, straight, capsys, local_every):
+  """Checkpoint 6 is torn: the persistent tier falls back to 4; with the local tier on, its copy of a
+  step after 4 is newer, and wins (a copy no newer than the damaged 6 was not asked for before)."""
   workdir = str(tmp_path)
-  train(_cfg(), workdir, stop_after=6)
+  train(_cfg(**{"checkpoint.local_every": local_every}), workdir, stop_after=6)
   state_dir = os.path.join(workdir, "checkpoints", "6", "state")
   for root, _, files in os.walk(state_dir):  # Truncate every array file: a torn write.
     for name in files:
@@ -66,9 +70,13 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, straight
         open(os.path.join(root, name), "w").close()
   shutil.rmtree(os.path.join(state_dir, "d"), ignore_errors=True)
 
-  train(_cfg(), workdir)
+  train(_cfg(**{"checkpoint.local_every": local_every}), workdir)
   out = capsys.readouterr().out
-  assert "checkpoint 6 is damaged" in out and "resumed from checkpoint 4" in out
+  assert "checkpoint 6 is damaged" in out, out
+  if local_every:
+    assert re.search(r"restored step [56] from the local tier: process 0 from its own copy", out), out
+  else:
+    assert "resumed from checkpoint 4" in out, out
   assert any(name.startswith("damaged-6-") for name in os.listdir(os.path.join(workdir, "checkpoints")))
   np.testing.assert_array_equal(_trajectory(workdir), straight)  # Same mesh: bitwise.
 

@@ -354,14 +354,14 @@ def _bytes_under(folder: str) -> int:
   return total
 
 
-def restore_newest(tier: LocalTier, target, persistent_newest: int | None, timeout_s: float):
+def restore_newest(tier: LocalTier, target, persistent_newest: int | None, timeout_s: float, say_why=True):
   """(state, data position, saved config, step) of the newest step every process can get whole from the
   tiers, if newer than `persistent_newest`; else None, with a line saying why when copies existed."""
   holdings = multihost.gather("local_holdings", tier.holdings(), timeout_s)
   step = newest_common(holdings, tier.processes)
   others = sum(h["other"] for h in holdings.values())
   if step is None or (persistent_newest is not None and step <= persistent_newest):
-    if step is None and any(h["own"] or h["held"] or h["other"] for h in holdings.values()):
+    if say_why and step is None and any(h["own"] or h["held"] or h["other"] for h in holdings.values()):
       lacking = [p for p in range(tier.processes) if not _available(holdings, p)]
       why = (
         f"process {', '.join(map(str, lacking))} has no whole copy, own or held by a partner"

@@ -151,5 +151,6 @@ def discard_after(folders: list[str], step: int) -> set[int]:
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
       if name.split(".")[0].isdigit() and int(name.split(".")[0]) > step:
         shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-        removed.add(int(name.split(".")[0]))
+        if not os.path.exists(os.path.join(folder, name)):
+          removed.add(int(name.split(".")[0]))
   return removed

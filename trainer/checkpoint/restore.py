@@ -22,36 +22,54 @@ class Start(NamedTuple):
 
 def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resuming: bool, local=None) -> Start:
   """The newest checkpoint that restores, else `init()`: a local-tier copy (`local`) newer than every
-  persistent checkpoint first. `resuming`: judge what changed in the config since the checkpoint, and
-  check first that the devices can hold the state (a rollback changes nothing, and the state it
-  replaces still holds the memory)."""
-  if local is not None and resuming:
-    timeout_s = config.watchdog.restore_timeout_s
-    if found := local_lib.restore_newest(local, target, ckpt.manager.latest_step(), timeout_s):
-      state, position, saved, step = found  # Written under this very layout: nothing to re-check.
-      start = _resumed(state, position, step, saved, comp, config, changed=False)
-      return start._replace(from_local_tier=True)
+  persistent checkpoint first, or newer than the one restored where newer ones were damaged. `resuming`:
+  judge what changed in the config since the checkpoint, and check first that the devices can hold the
+  state (a rollback changes nothing, and the state it replaces still holds the memory)."""
+  tiers = local if resuming else None  # The local and peer tiers are read on a resume only.
+  newest = ckpt.manager.latest_step()
+  if tiers is not None and (start := _from_local_tier(tiers, target, newest, comp, config)):
+    return start
   restored = ckpt.restore_latest(target, check_memory=resuming)
-  if local is not None and resuming:
-    _abandon_later_copies(local, restored.step if restored else 0)
+  if tiers is not None and restored is not None and newest is not None and restored.step < newest:
+    # The newest persistent checkpoints were damaged and set aside: a copy newer than the one restored
+    # wins. Its device memory goes first; read again in the rare case that the copy fails too.
+    step, restored = restored.step, None
+    if start := _from_local_tier(tiers, target, step, comp, config, say_why=False):
+      return start
+    restored = ckpt.restore_latest(target, check_memory=resuming)
   if restored is None:
-    return Start(init(), 0, 0)
-  changed, saved = False, None
-  if resuming:
-    saved = ckpt.saved_config(restored.step)
-    if config.checks.first_step:  # Only the first-step check asks whether the layout changed.
-      changed = not store.same_layout(
-        ckpt.saved_meta(restored.step).get("layout"), store.layout(comp, config)
-      )
-  return _resumed(restored.state, restored.data, restored.step, saved, comp, config, changed)
+    start = Start(init(), 0, 0)
+  else:
+    changed, saved = False, None
+    if resuming:
+      saved = ckpt.saved_config(restored.step)
+      if config.checks.first_step:  # Only the first-step check asks whether the layout changed.
+        changed = not store.same_layout(
+          ckpt.saved_meta(restored.step).get("layout"), store.layout(comp, config)
+        )
+    start = _resumed(restored.state, restored.data, restored.step, saved, comp, config, changed)
+  if tiers is not None:
+    _abandon_later_copies(tiers, restored.step if restored else 0)
+  return start
+
+
+def _from_local_tier(local, target, newer_than: int | None, comp, config, say_why=True) -> Start | None:
+  """The start from the newest step every process can get whole from the local and peer tiers, if newer
+  than `newer_than`; else None (`say_why`: with a line saying why, where copies existed)."""
+  timeout_s = config.watchdog.restore_timeout_s
+  if found := local_lib.restore_newest(local, target, newer_than, timeout_s, say_why):
+    state, position, saved, step = found  # Written under this very layout: nothing to re-check.
+    return _resumed(state, position, step, saved, comp, config, changed=False)._replace(from_local_tier=True)
+  return None
 
 
 def _abandon_later_copies(local, step: int) -> None:
-  """The run goes on from `step`: its local copies of later steps belong to a future it abandons, and
-  kept they would outrank the copies it makes now (the newest steps are kept) until it passes them."""
+  """The run goes on from `step`: this process's copies of later steps belong to a future it abandons,
+  and kept they would outrank the copies it makes now (the newest steps are kept) until it passed them.
+  Each process says its own (a line from process 0 alone would miss a partner's)."""
   if removed := local.discard_after(step):
     steps = ", ".join(map(str, sorted(removed)))
-    console(f"local tier: removed the copies of steps {steps}: the run goes on from step {step}")
+    print(f"local tier: removed the copies of steps {steps}: the run goes on from step {step}", flush=True)
 
 
 def _resumed(state, position: dict, step: int, saved: dict | None, comp, config, changed: bool) -> Start:
