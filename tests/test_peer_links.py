@@ -116,14 +116,21 @@ def test_stopping_the_watchdog_ends_the_threads_that_call_the_coordination_servi
     def key_value_dir_get(self, prefix):
       return []
 
+  service = peers.PeerService(0, "127.0.0.1", 0)
   monkeypatch.setattr(liveness.multihost, "client", lambda: Client())
-  monkeypatch.setattr(peers, "service", lambda: None)
+  monkeypatch.setattr(links, "jax", types.SimpleNamespace(process_index=lambda: 0, process_count=lambda: 2))
+  monkeypatch.setattr(peers, "service", lambda: service)
+  monkeypatch.setattr(peers, "addresses", lambda: {})  # Process 1 not there yet: the links thread waits.
   config = types.SimpleNamespace(step_timeout_s=60, startup_timeout_s=60, peer_timeout_s=10)
   dog = watchdog.Watchdog(config)
-  assert calls.wait(5), "the liveness thread never called the service"
-  dog.stop()
-  alive = [t.name for t in threading.enumerate() if t.name in ("liveness", "links", "watchdog")]
-  assert not alive, alive
+  try:
+    assert calls.wait(5), "the liveness thread never called the service"
+    threads = lambda: [t.name for t in threading.enumerate() if t.name in ("liveness", "links", "watchdog")]  # noqa: E731
+    assert sorted(threads()) == ["links", "liveness", "watchdog"], threads()
+    dog.stop()
+    assert not threads(), threads()
+  finally:
+    service.close()
 
 
 def test_process_0_silent_while_its_service_no_longer_answers_is_named_as_the_service(monkeypatch):
@@ -136,7 +143,7 @@ def test_process_0_silent_while_its_service_no_longer_answers_is_named_as_the_se
   now = 1000.0
   watched._seen[0] = (7, now - 5.5)
   watched._contact = now - 4.0  # Our round trips stopped too: the service is gone.
-  assert watched.lost(now).startswith("process 0, which runs the coordination service"), watched.lost(now)
+  assert watched.lost(now) == "process 0, which runs the coordination service (no answer for 6 s)"
   watched._contact = now - 0.5  # The service answers; process 0's own thread has stopped counting.
   assert watched.lost(now) == "process 0 (silent for 6 s)"
   watched._seen[0] = (8, now - 1.0)

@@ -3,7 +3,8 @@
 Every second a thread of each process publishes a counter in the coordination service
 (`liveness/I`) and reads every peer's in one directory read. A peer whose counter has not moved for
 `watchdog.peer_timeout_s` is lost: stopped (SIGSTOP), wedged outside Python, dead, or behind a
-network partition. A process that has not reached the service at all for as long has lost process 0,
+network partition. A process that has not reached the service at all for as long, or whose last
+reading of process 0's counter is that old while its own trips have stopped too, has lost process 0,
 whose process runs the service. The process then prints one line naming what it lost and where it
 was, writes every thread's stack to WORKDIR/crashes/process_I.txt, and exits 3 (restartable).
 
@@ -133,7 +134,8 @@ class Liveness:
       # already stopped.
       zero_silent = 0 in seen and now - seen[0][1] > self.timeout_s and now - contact > 1.5 * PERIOD_S
       if now - contact > self.timeout_s or zero_silent:
-        return f"process 0, which runs the coordination service (no answer for {now - contact:.0f} s)"
+        quiet_s = max(now - contact, now - seen[0][1] if zero_silent else 0.0)
+        return f"process 0, which runs the coordination service (no answer for {quiet_s:.0f} s)"
     silent = []
     for peer in range(jax.process_count()):
       if peer == self.me:
