@@ -1,12 +1,12 @@
-"""Where a local-tier copy's cost lands on an accelerator (trainer/checkpoint/local.py): steps of a
-~1.2 GiB state (the ~107M model's parameters and two moments, as benchmarks/host_copy_threads.py), each
-with its input sent to the device as it is dispatched (--batch_kib), run in windows of 4, each window's
-result awaited as the loop's logging does. Every --every steps the loop dispatches the tier's device
-copy, and one writer thread brings it to host memory (local_shards.host_copy) and with --write writes it
-as the tier does (pickled into a file in /dev/shm over the last one's, checksummed on the way). Prints,
-by a window's place after a copy, its seconds per step and its longest dispatch of a step: a transfer
-that holds back the device slows the window while dispatch stays short; one that holds the host (the
-GIL) lengthens the dispatch.
+"""Where a local-tier copy's cost lands on an accelerator (trainer/checkpoint/local.py): steps of a ~1.2 GiB
+state (the ~107M model's parameters and two moments, as benchmarks/host_copy_threads.py), each with its
+input sent to the device as it is dispatched (--batch_kib; 0: none), run in windows of 4, each window's
+result awaited as the loop's logging does. Every --every steps the loop dispatches the tier's device copy,
+and one writer thread brings it to host memory (local_shards.host_copy) and with --write writes it as the
+tier does (pickled into a file in /dev/shm over the last one's, checksummed on the way). Prints, by a
+window's place after a copy, its seconds per step and its longest dispatch of a step: a transfer that holds
+back the device slows the window while dispatch stays short; one that holds the host (the GIL) lengthens the
+dispatch.
 
   .venv/bin/python benchmarks/copy_beside_steps.py [--steps=512] [--every=64] [--matmuls=24]
       [--chunk_mib=0] [--write] [--batch_kib=64]
@@ -16,12 +16,13 @@ instead of all at once (host_copy): whether a gentler transfer costs the steps l
 
 On logical CPU devices a device's buffer is handed to numpy without a copy: run it on an accelerator.
 
-On a TPU v5e host (JAX 0.10.2), `--steps=1024 --every=64 --matmuls=36` (steps of 29.7 ms): the window
-after a copy ran at 0.0304 s per step against 0.0297 later (about 3 ms per copy; the transfer 0.21 s,
-5.8 GiB/s), the same with --write (0.37 s a copy), 0.0315 against 0.0299 with each step's input sent
-(6 ms per copy; --chunk_mib=64: 2.4 ms), the longest dispatch 1.5-2.7 ms throughout. In the tier's own
-loop (benchmarks/local_tier.py --accelerator --every=32 --timeline) the same window cost about 85 ms a
-copy: what the real loop adds was not found.
+On a TPU v5e host (JAX 0.10.2), `--steps=1024 --every=64 --matmuls=36 --batch_kib=0` (steps of 29.7 ms): the
+window after a copy ran at 0.0304 s per step against 0.0297 later (about 3 ms per copy; the transfer 0.21 s,
+5.8 GiB/s), the same with --write (0.37 s a copy); with each step's 64 KiB input sent (the default) and
+--write, 0.0315 against 0.0299 (6 ms per copy; --chunk_mib=64: 2.4 ms); the longest dispatch 1.5-2.7 ms
+throughout. (Those runs timed a copy's work from its dispatch, up to a step early.) In the tier's own loop
+(benchmarks/local_tier.py --accelerator --every=32 --timeline) the same window cost about 85 ms a copy: what
+the real loop adds was not found.
 """
 
 import argparse
@@ -66,7 +67,9 @@ def main():
   parser.add_argument("--steps", type=int, default=512)
   parser.add_argument("--every", type=int, default=64)
   parser.add_argument("--chunk_mib", type=int, default=0, help="transfers started this many MiB at a time")
-  parser.add_argument("--batch_kib", type=int, default=64, help="each step's input, sent to the device")
+  parser.add_argument(
+    "--batch_kib", type=int, default=64, help="each step's input sent to the device; 0: none"
+  )
   parser.add_argument("--write", action="store_true", help="and write each copy as the tier does")
   parser.add_argument("--matmuls", type=int, default=24, help="a step's 4096^2 matmuls: its length")
   args = parser.parse_args()
@@ -82,8 +85,9 @@ def main():
   step = jax.jit(step, donate_argnums=0)
   y = jnp.ones((4096, 4096), jnp.bfloat16)
   rng = np.random.default_rng(0)
-  batches = [rng.integers(0, 512, (args.batch_kib * 256,), np.int32) for _ in range(8)]
-  state, y = step(state, y, jax.device_put(batches[0]))
+  batches = [rng.integers(0, 512, (max(args.batch_kib, 1) * 256,), np.int32) for _ in range(8)]
+  on_device = jax.device_put(batches[0])  # With --batch_kib=0, every step's input, sent once.
+  state, y = step(state, y, on_device)
   jax.block_until_ready(device_copy(state))  # Compiled before timing.
   mib = sum(a.nbytes for a in state) / 2**20
   print(
@@ -94,6 +98,7 @@ def main():
 
   def write():  # One writer thread for the run, as the tier's.
     while (copy := jobs.get()) is not None:
+      jax.block_until_ready(copy)  # Its step has run: the copy's work starts, as the tier times it.
       started = time.perf_counter()
       host = chunked_host_copy(copy, args.chunk_mib * 2**20) if args.chunk_mib else host_copy(copy)
       if args.write:  # As the tier writes a copy: pickled into its file in /dev/shm, checksummed.
@@ -113,7 +118,8 @@ def main():
   began, longest = time.perf_counter(), 0.0
   for s in range(1, args.steps + 1):
     t = time.perf_counter()
-    state, y = step(state, y, jax.device_put(batches[s % 8]))  # Each step's batch to the device.
+    batch = jax.device_put(batches[s % 8]) if args.batch_kib else on_device  # Each step's input.
+    state, y = step(state, y, batch)
     longest = max(longest, time.perf_counter() - t)
     if s % args.every == 0:
       if pending:

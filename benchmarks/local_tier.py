@@ -10,15 +10,14 @@ eight copies per process, 4.8 GiB, in host memory beside two processes' devices 
 machine (a process was killed for memory): --base=/tmp puts them in the page cache of a disk, whose
 writeback costs CPU too; --processes=1 measures the local tier alone (no partner), in /dev/shm.
 
---accelerator runs one process on this machine's accelerators instead (main.py without --cpu_devices, mesh
-data over every device): the steps run on the chip while the copies take the host's CPU and the
-device-to-host link, as on a cluster. --every=-1 compares the default cadence instead of a copy every step
-(a copy every 2, 4, 8 ... steps where a copy's work takes more than a tenth of a step; its lines are
-printed), and
---set=KEY=VALUE overrides the config (a batch that gives the chip a realistic step). --timeline, with
---every=N, prints the seconds per step of each logging window by its place after a copy, against the
-same windows of the run without: whether a copy slows the steps right after it (its transfer to host
-memory holding back the device) or the later ones (its writer's CPU).
+--accelerator runs one process on this machine's accelerators instead (main.py without --cpu_devices,
+mesh data over every device): the steps run on the chip while the copies take the host's CPU and the
+device-to-host link, as on a cluster. --every=-1 compares the default cadence instead of a copy every
+step (a copy every 2, 4, 8 ... steps where a copy's work takes more than a tenth of a step; its lines are
+printed), and --set=KEY=VALUE overrides the config (a batch that gives the chip a realistic step).
+--timeline, with --every=N (a multiple of 4, the steps of a logging window), prints the seconds per step
+of each logging window by its place after a copy, against the same windows of the run without: whether
+a copy slows the steps right after it or the later ones.
 
   .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m] [--base=DIR]
       [--processes=2] [--accelerator] [--every=1] [--timeline] [--set=global_batch_size=128 ...]
@@ -169,6 +168,8 @@ def main():
   parser.add_argument("--timeline", action="store_true", help="with --every=N: each window after a copy")
   parser.add_argument("--set", action="append", default=[], help="KEY=VALUE, a config override")
   args = parser.parse_args()
+  if args.timeline and (args.every <= 0 or args.every % LOG_EVERY):
+    raise SystemExit(f"error: --timeline needs --every=N, N a multiple of {LOG_EVERY} (a logging window)")
   if args.pieces:
     return pieces(args.mib, args.base)
   processes = 0 if args.accelerator else args.processes
@@ -206,7 +207,7 @@ def main():
     print(f"        each round, off/on s per step: {rounds}")
     for line in lines:  # The devices, the tier's size and the last round's cadence decisions.
       print(f"        {line}")
-    if args.timeline and args.every > 0:  # Where a copy's cost lands: the steps right after it, or later.
+    if args.timeline:  # Where a copy's cost lands: the steps right after it, or later.
       print(f"        s per step in the k-th window of {LOG_EVERY} steps after a copy, second half, off/on:")
       for w in sorted(timeline):
         off, on = (statistics.median(timeline[w].get(e) or [0.0]) for e in (0, args.every))
