@@ -107,28 +107,32 @@ def test_stopping_the_watchdog_ends_the_threads_that_call_the_coordination_servi
   after a finished run (CI: 'FATAL: exception not rethrown', exit -6): stop() must join them."""
   from trainer.cluster import watchdog
 
-  calls = threading.Event()
+  inside = {"liveness": threading.Event(), "links": threading.Event()}
 
-  class Client:  # The coordination service: answers within a millisecond.
+  def call(thread: str):  # A call to the coordination service that takes a while: stop() comes mid-call.
+    inside[thread].set()
+    time.sleep(0.5)
+
+  class Client:
     def key_value_set(self, key, value, allow_overwrite=False):
-      calls.set()
+      pass
 
     def key_value_dir_get(self, prefix):
+      call("liveness")
       return []
 
   service = peers.PeerService(0, "127.0.0.1", 0)
   monkeypatch.setattr(liveness.multihost, "client", lambda: Client())
   monkeypatch.setattr(links, "jax", types.SimpleNamespace(process_index=lambda: 0, process_count=lambda: 2))
   monkeypatch.setattr(peers, "service", lambda: service)
-  monkeypatch.setattr(peers, "addresses", lambda: {})  # Process 1 not there yet: the links thread waits.
+  monkeypatch.setattr(peers, "addresses", lambda: call("links") or {})  # Process 1 not there yet.
   config = types.SimpleNamespace(step_timeout_s=60, startup_timeout_s=60, peer_timeout_s=10)
   dog = watchdog.Watchdog(config)
   try:
-    assert calls.wait(5), "the liveness thread never called the service"
-    threads = lambda: [t.name for t in threading.enumerate() if t.name in ("liveness", "links", "watchdog")]  # noqa: E731
-    assert sorted(threads()) == ["links", "liveness", "watchdog"], threads()
-    dog.stop()
-    assert not threads(), threads()
+    assert all(event.wait(5) for event in inside.values()), "a thread never called the service"
+    dog.stop()  # Both threads are inside a call.
+    alive = [t.name for t in threading.enumerate() if t.name in ("liveness", "links", "watchdog")]
+    assert not alive, alive
   finally:
     service.close()
 
