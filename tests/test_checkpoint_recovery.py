@@ -57,18 +57,35 @@ def test_restore_onto_another_mesh_strategy_or_device_count_continues(tmp_path, 
   np.testing.assert_allclose(_trajectory(str(tmp_path)), straight, rtol=1e-5)
 
 
+def _tear(workdir: str, step: int) -> None:
+  """Truncates every array file of checkpoint `step`: a torn write."""
+  state_dir = os.path.join(workdir, "checkpoints", str(step), "state")
+  for root, _, files in os.walk(state_dir):
+    for name in files:
+      if not name.endswith(".json") and "manifest" not in name:
+        open(os.path.join(root, name), "w").close()
+  shutil.rmtree(os.path.join(state_dir, "d"), ignore_errors=True)
+
+
+def test_every_checkpoint_damaged_resumes_from_a_local_copy_not_from_scratch(tmp_path, straight, capsys):
+  workdir = str(tmp_path)
+  train(_cfg(**{"checkpoint.local_every": 1}), workdir, stop_after=4)
+  _tear(workdir, 2)
+  _tear(workdir, 4)
+  train(_cfg(**{"checkpoint.local_every": 1}), workdir)
+  out = capsys.readouterr().out
+  assert "checkpoint 2 is damaged" in out and "checkpoint 4 is damaged" in out, out
+  assert re.search(r"restored step [34] from the local tier: process 0 from its own copy", out), out
+  np.testing.assert_array_equal(_trajectory(workdir), straight)
+
+
 @pytest.mark.parametrize("local_every", [0, 1], ids=["persistent only", "with the local tier"])
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, straight, capsys, local_every):
   """Checkpoint 6 is torn: the persistent tier falls back to 4; with the local tier on, its copy of a
   step after 4 is newer, and wins (a copy no newer than the damaged 6 was not asked for before)."""
   workdir = str(tmp_path)
   train(_cfg(**{"checkpoint.local_every": local_every}), workdir, stop_after=6)
-  state_dir = os.path.join(workdir, "checkpoints", "6", "state")
-  for root, _, files in os.walk(state_dir):  # Truncate every array file: a torn write.
-    for name in files:
-      if not name.endswith(".json") and "manifest" not in name:
-        open(os.path.join(root, name), "w").close()
-  shutil.rmtree(os.path.join(state_dir, "d"), ignore_errors=True)
+  _tear(workdir, 6)
 
   train(_cfg(**{"checkpoint.local_every": local_every}), workdir)
   out = capsys.readouterr().out

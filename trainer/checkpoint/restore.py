@@ -30,13 +30,14 @@ def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resumin
   if tiers is not None and (start := _from_local_tier(tiers, target, newest, comp, config)):
     return start
   restored = ckpt.restore_latest(target, check_memory=resuming)
-  if tiers is not None and restored is not None and newest is not None and restored.step < newest:
+  fell_back = newest is not None and (restored is None or restored.step < newest)
+  if tiers is not None and fell_back:
     # The newest persistent checkpoints were damaged and set aside: a copy newer than the one restored
-    # wins. Its device memory goes first; read again in the rare case that the copy fails too.
-    step, restored = restored.step, None
+    # (if any) wins. Its device memory goes first; read again in the rare case that the copy fails too.
+    step, restored = (restored.step if restored else None), None
     if start := _from_local_tier(tiers, target, step, comp, config, say_why=False):
       return start
-    restored = ckpt.restore_latest(target, check_memory=resuming)
+    restored = ckpt.restore_latest(target, check_memory=resuming) if step is not None else None
   if restored is None:
     start = Start(init(), 0, 0)
   else:
