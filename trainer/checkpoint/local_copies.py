@@ -35,6 +35,11 @@ def checksum(data) -> str:
   return xxhash.xxh3_128_hexdigest(data)
 
 
+def file_checksum(f) -> str:
+  """`checksum` of an open binary file's bytes, read in pieces (never held whole)."""
+  return hashlib.file_digest(f, xxhash.xxh3_128).hexdigest()
+
+
 class HashingWriter:
   """A file's `write` that also checksums what it writes."""
 
@@ -130,7 +135,7 @@ def whole_manifest(folder: str, step: int) -> dict | None:
     with open(os.path.join(folder, str(step), MANIFEST)) as f:
       manifest = json.load(f)
     with open(os.path.join(folder, str(step), SHARDS), "rb") as f:
-      digest = hashlib.file_digest(f, xxhash.xxh3_128).hexdigest()
+      digest = file_checksum(f)
   except (OSError, ValueError):
     return None
   return manifest if digest == manifest.get(CHECKSUM) else None
@@ -149,8 +154,9 @@ def discard_after(folders: list[str], step: int) -> set[int]:
   removed = set()
   for folder in folders:
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
-      if name.split(".")[0].isdigit() and int(name.split(".")[0]) > step:
-        shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-        if not os.path.exists(os.path.join(folder, name)):
-          removed.add(int(name.split(".")[0]))
+      head, path = name.split(".")[0], os.path.join(folder, name)
+      if head.isdigit() and int(head) > step:
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+          removed.add(int(head))
   return removed

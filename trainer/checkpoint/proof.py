@@ -25,9 +25,8 @@ import json
 import os
 import re
 
-import xxhash
-
 from errors import UserError
+from trainer.checkpoint.local_copies import file_checksum
 
 NAME = "checksums"  # checksums-I-of-N.json (and checksums.json, all files, from the first version).
 VERSION = 2  # 1: SHA-256 digests; 2: "xxh3_128:" and the digest.
@@ -130,4 +129,4 @@ def _digest(path: str, sha256: bool = False) -> tuple[int, str]:
   with open(path, "rb") as f:
     if sha256:
       return os.path.getsize(path), hashlib.file_digest(f, "sha256").hexdigest()
-    return os.path.getsize(path), XXH3 + hashlib.file_digest(f, xxhash.xxh3_128).hexdigest()
+    return os.path.getsize(path), XXH3 + file_checksum(f)
