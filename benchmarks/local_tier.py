@@ -17,7 +17,9 @@ step (a copy every 2, 4, 8 ... steps where a copy's work takes more than a tenth
 printed), and --set=KEY=VALUE overrides the config (a batch that gives the chip a realistic step).
 --timeline, with --every=N (a multiple of 4, the steps of a logging window), prints the seconds per step
 of each logging window by its place after a copy, against the same windows of the run without: whether
-a copy slows the steps right after it or the later ones.
+a copy slows the steps right after it or the later ones; and, from processes/process_0.jsonl, how much of
+each step the loop spent taking batches, dispatching it and, at the window's end, waiting for the devices
+(a loop whose dispatch takes most of a step has no slack for a copy's host work).
 
   .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m] [--base=DIR]
       [--processes=2] [--accelerator] [--every=1] [--timeline] [--set=global_batch_size=128 ...]
@@ -50,6 +52,7 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from checkpoint import LARGE  # noqa: E402
 
 sys.path.insert(0, REPO)
+from trainer import rundir  # noqa: E402
 from trainer.checkpoint.local import default_dir  # noqa: E402
 from trainer.checkpoint.local_copies import KEEP, checksum  # noqa: E402
 from trainer.checkpoint.local_shards import device_copy  # noqa: E402
@@ -98,18 +101,24 @@ def seconds_per_step(
   lines = [line.split("] ", 1)[-1] for line in result.stdout.splitlines()]
   lines = [line for line in lines if line.startswith(("devices:", "local tier:"))]
   per_step = lambda row: (last["time"] - row["time"]) / (last["step"] - row["step"])
-  return (per_step(first), per_step(half)), lines, windows(rows, half, period)
+  host = {r["step"]: r for r in rundir.read_jsonl(rundir.process_log(workdir, 0)) if "steps" in r}
+  return (per_step(first), per_step(half)), lines, windows(rows, host, half, period)
 
 
-def windows(rows: list[dict], since: dict, period: int) -> dict[int, list[float]]:
-  """{w: seconds per step of each logging window after `since` that is the w-th of a period of
-  `period` steps}: copied every `period` steps, the window the copy's step ends is the last of its
-  period, so window 0 runs while its copy is written."""
-  found: dict[int, list[float]] = {}
+PARTS = {"batch_fetch_s": "taking batches", "dispatch_s": "dispatching", "device_wait_s": "the end's wait"}
+
+
+def windows(rows: list[dict], host: dict[int, dict], since: dict, period: int) -> dict[int, list[dict]]:
+  """{w: each logging window after `since` that is the w-th of a period of `period` steps, as seconds
+  per step in all ("s") and in each of process 0's PARTS}: copied every `period` steps, the window the
+  copy's step ends is the last of its period, so window 0 runs while its copy is written."""
+  found: dict[int, list[dict]] = {}
   for before, row in zip(rows, rows[1:], strict=False):
     if row["step"] > since["step"] and row["step"] < rows[-1]["step"]:
-      seconds = (row["time"] - before["time"]) / (row["step"] - before["step"])
-      found.setdefault((row["step"] - 1) % period // LOG_EVERY, []).append(seconds)
+      steps = row["step"] - before["step"]
+      window = {"s": (row["time"] - before["time"]) / steps}
+      window |= {part: host.get(row["step"], {}).get(part, 0.0) / steps for part in PARTS}
+      found.setdefault((row["step"] - 1) % period // LOG_EVERY, []).append(window)
   return found
 
 
@@ -209,9 +218,11 @@ def main():
       print(f"        {line}")
     if args.timeline:  # Where a copy's cost lands: the steps right after it, or later.
       print(f"        s per step in the k-th window of {LOG_EVERY} steps after a copy, second half, off/on:")
-      for w in sorted(timeline):
-        off, on = (statistics.median(timeline[w].get(e) or [0.0]) for e in (0, args.every))
-        print(f"          {w}: {off:.4f}/{on:.4f}")
+      print(f"          (of which, per step: {', '.join(PARTS.values())}; the rest runs between steps)")
+      for w, by_every in sorted(timeline.items()):
+        median = lambda key, e, by=by_every: statistics.median(x[key] for x in by.get(e) or [{key: 0.0}])
+        parts = "; ".join(f"{median(k, 0):.4f}/{median(k, args.every):.4f}" for k in PARTS)
+        print(f"          {w}: {median('s', 0):.4f}/{median('s', args.every):.4f}  ({parts})")
 
 
 if __name__ == "__main__":
