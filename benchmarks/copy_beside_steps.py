@@ -9,10 +9,14 @@ back the device slows the window while dispatch stays short; one that holds the 
 dispatch.
 
   .venv/bin/python benchmarks/copy_beside_steps.py [--steps=512] [--every=64] [--matmuls=24]
-      [--chunk_mib=0] [--write] [--batch_kib=64]
+      [--chunk_mib=0] [--write] [--batch_kib=64] [--order=queued|idle] [--paced]
 
 --chunk_mib=N starts the transfers N MiB of arrays at a time, each group awaited before the next,
-instead of all at once (host_copy): whether a gentler transfer costs the steps less.
+instead of all at once (host_copy): whether a gentler transfer costs the steps less. --order=idle queues
+a copy's transfers on an idle chip before the next step, as the trainer's loop does at a logging step
+(it waits for the copy's step; the writer starts the transfers before the loop dispatches again): whether
+a step waits behind transfers queued before it. --paced starts one chunk (64 MiB unless --chunk_mib) per
+step the loop dispatches, so each chunk runs beside a step queued before it.
 
 On logical CPU devices a device's buffer is handed to numpy without a copy: run it on an accelerator.
 
@@ -49,14 +53,17 @@ from trainer.checkpoint.local_shards import device_copy, host_copy  # noqa: E402
 WINDOW = 4
 
 
-def chunked_host_copy(copy: list, chunk_bytes: int) -> list:
-  """host_copy's transfers started a chunk of arrays at a time, each chunk awaited before the next."""
+def chunked_host_copy(copy: list, chunk_bytes: float, before=lambda: None, started=lambda: None) -> list:
+  """host_copy's transfers started a chunk of arrays at a time, each chunk awaited before the next;
+  `before()` is called before a chunk's transfers start, `started()` once they have."""
   out, i = [], 0
   while i < len(copy):
+    before()
     j, size = i, 0
     while j < len(copy) and (size < chunk_bytes or j == i):
       copy[j].copy_to_host_async()
       size, j = size + copy[j].nbytes, j + 1
+    started()
     out += [np.asarray(a) for a in copy[i:j]]
     i = j
   return out
@@ -71,6 +78,10 @@ def main():
     "--batch_kib", type=int, default=64, help="each step's input sent to the device; 0: none"
   )
   parser.add_argument("--write", action="store_true", help="and write each copy as the tier does")
+  parser.add_argument(
+    "--order", choices=["queued", "idle"], default="queued", help="idle: transfers before the next step"
+  )
+  parser.add_argument("--paced", action="store_true", help="one chunk of transfers per dispatched step")
   parser.add_argument("--matmuls", type=int, default=24, help="a step's 4096^2 matmuls: its length")
   args = parser.parse_args()
   state = [jnp.full(shape, 0.5, jnp.float32) for shape in SHAPES * 3]
@@ -95,12 +106,25 @@ def main():
   )
 
   transfers, jobs, done = [], queue.Queue(), queue.Queue()
+  issued, steps_dispatched, rush = threading.Event(), threading.Semaphore(0), threading.Event()
+  chunk_bytes = args.chunk_mib * 2**20 or (64 * 2**20 if args.paced else float("inf"))
+
+  def next_dispatch():  # --paced: a chunk's transfers wait for a step dispatched since the last chunk.
+    while args.paced and not rush.is_set() and not steps_dispatched.acquire(timeout=0.01):
+      pass
 
   def write():  # One writer thread for the run, as the tier's.
     while (copy := jobs.get()) is not None:
       jax.block_until_ready(copy)  # Its step has run: the copy's work starts, as the tier times it.
       started = time.perf_counter()
-      host = chunked_host_copy(copy, args.chunk_mib * 2**20) if args.chunk_mib else host_copy(copy)
+      while steps_dispatched.acquire(blocking=False):  # Only steps dispatched from now on pace it.
+        pass
+      if args.order == "idle":  # The first chunk goes before the next step: the loop waits for it.
+        steps_dispatched.release()
+      if args.chunk_mib or args.paced or args.order == "idle":
+        host = chunked_host_copy(copy, chunk_bytes, next_dispatch, issued.set)
+      else:
+        host = host_copy(copy)
       if args.write:  # As the tier writes a copy: pickled into its file in /dev/shm, checksummed.
         copies.stage(folder, 0, lambda w, host=host: pickle.dump(host, w, protocol=5))
         os.replace(os.path.join(folder, "0.tmp"), os.path.join(folder, copies.SPARE))  # Written over next.
@@ -120,12 +144,18 @@ def main():
     t = time.perf_counter()
     batch = jax.device_put(batches[s % 8]) if args.batch_kib else on_device  # Each step's input.
     state, y = step(state, y, batch)
+    steps_dispatched.release()
     longest = max(longest, time.perf_counter() - t)
     if s % args.every == 0:
       if pending:
+        rush.set()  # Waited for: the rest of its chunks go unpaced.
         done.get()
+      rush.clear()  # The copy before is done: this one is paced.
       jobs.put(device_copy(state))
       pending = True
+      if args.order == "idle":  # As the trainer's loop at a logging step: the chip idle, its transfers first.
+        issued.wait()
+        issued.clear()
     if s % WINDOW == 0:
       jax.block_until_ready(y)
       now = time.perf_counter()
@@ -134,6 +164,7 @@ def main():
         windows.setdefault(place, []).append((now - began) / WINDOW)
         dispatches.setdefault(place, []).append(longest)
       began, longest = now, 0.0
+  rush.set()
   jobs.put(None)
   writer.join()
   shutil.rmtree(folder)
