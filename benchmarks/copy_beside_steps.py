@@ -55,7 +55,7 @@ WINDOW = 4
 
 def chunked_host_copy(copy: list, chunk_bytes: float, before=lambda: None, started=lambda: None) -> list:
   """host_copy's transfers started a chunk of arrays at a time, each chunk awaited before the next;
-  `before()` is called before a chunk's transfers start, `started()` once they have."""
+  the callable `before` is called before a chunk's transfers start, `started` once they have."""
   out, i = [], 0
   while i < len(copy):
     before()
