@@ -79,6 +79,32 @@ def test_every_checkpoint_damaged_resumes_from_a_local_copy_not_from_scratch(tmp
   np.testing.assert_array_equal(_trajectory(workdir), straight)
 
 
+def test_a_fallback_with_no_newer_copy_reads_the_older_checkpoint_once(
+  tmp_path, straight, capsys, monkeypatch
+):
+  """Checkpoint 6 torn and the copies gone (a replacement host): the tiers are asked again after the
+  persistent tier fell back to 4, have nothing newer, and checkpoint 4, already restored, is used as it
+  is, not read a second time."""
+  from trainer.checkpoint import local, store
+
+  workdir = str(tmp_path)
+  train(_cfg(**{"checkpoint.local_every": 1}), workdir, stop_after=6)
+  _tear(workdir, 6)
+  shutil.rmtree(local.default_dir(workdir))
+  reads, restore_latest = [], store.Checkpoints.restore_latest
+
+  def counted(self, *args, **kwargs):
+    reads.append(1)
+    return restore_latest(self, *args, **kwargs)
+
+  monkeypatch.setattr(store.Checkpoints, "restore_latest", counted)
+  train(_cfg(**{"checkpoint.local_every": 1}), workdir)
+  out = capsys.readouterr().out
+  assert "checkpoint 6 is damaged" in out and "resumed from checkpoint 4" in out, out
+  assert len(reads) == 1, reads
+  np.testing.assert_array_equal(_trajectory(workdir), straight)
+
+
 @pytest.mark.parametrize("local_every", [0, 1], ids=["persistent only", "with the local tier"])
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, straight, capsys, local_every):
   """Checkpoint 6 is torn: the persistent tier falls back to 4; with the local tier on, its copy of a

@@ -354,9 +354,9 @@ def _bytes_under(folder: str) -> int:
   return total
 
 
-def restore_newest(tier: LocalTier, target, persistent_newest: int | None, timeout_s: float, say_why=True):
+def restore_newest(tier, target, persistent_newest, timeout_s, say_why=True, before_read=lambda: None):
   """(state, data position, saved config, step) of the newest step every process can get whole from the
-  tiers, if newer than `persistent_newest`; else None, with a line saying why when copies existed."""
+  tiers if newer than `persistent_newest` (`before_read` runs first); else None, said why if copies exist."""
   holdings = multihost.gather("local_holdings", tier.holdings(), timeout_s)
   step = newest_common(holdings, tier.processes)
   others = sum(h["other"] for h in holdings.values())
@@ -371,6 +371,7 @@ def restore_newest(tier: LocalTier, target, persistent_newest: int | None, timeo
       why += f"; {others} copies were written under another layout or process count" if others else ""
       console(f"local tier: nothing to resume from ({why}); the persistent tier's newest checkpoint is used")
     return None
+  before_read()
   record, where, error = None, None, None
   try:
     record, where = tier.load(step, holdings)

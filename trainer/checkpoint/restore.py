@@ -33,11 +33,16 @@ def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resumin
   fell_back = newest is not None and (restored is None or restored.step < newest)
   if tiers is not None and fell_back:
     # The newest persistent checkpoints were damaged and set aside: a copy newer than the one restored
-    # (if any) wins. Its device memory goes first; read again in the rare case that the copy fails too.
-    step, restored = (restored.step if restored else None), None
-    if start := _from_local_tier(tiers, target, step, comp, config, say_why=False):
+    # (if any) wins. The restored state's device memory is let go only once such a copy is to be read,
+    # and the checkpoint read again only in the rare case that the copy then fails.
+    step, kept = (restored.step if restored else None), [restored]
+    del restored
+    if start := _from_local_tier(tiers, target, step, comp, config, say_why=False, before_read=kept.clear):
       return start
-    restored = ckpt.restore_latest(target, check_memory=resuming) if step is not None else None
+    if not kept:
+      restored = ckpt.restore_latest(target, check_memory=resuming) if step is not None else None
+    else:
+      restored = kept[0]
   if restored is None:
     start = Start(init(), 0, 0)
   else:
@@ -54,11 +59,14 @@ def restore_or_init(ckpt: store.Checkpoints, target, comp, config, init, resumin
   return start
 
 
-def _from_local_tier(local, target, newer_than: int | None, comp, config, say_why=True) -> Start | None:
+def _from_local_tier(
+  local, target, newer_than: int | None, comp, config, say_why=True, before_read=lambda: None
+) -> Start | None:
   """The start from the newest step every process can get whole from the local and peer tiers, if newer
-  than `newer_than`; else None (`say_why`: with a line saying why, where copies existed)."""
+  than `newer_than`; else None (`say_why`: with a line saying why, where copies existed). `before_read`
+  runs once such a step is found, before its copy is read."""
   timeout_s = config.watchdog.restore_timeout_s
-  if found := local_lib.restore_newest(local, target, newer_than, timeout_s, say_why):
+  if found := local_lib.restore_newest(local, target, newer_than, timeout_s, say_why, before_read):
     state, position, saved, step = found  # Written under this very layout: nothing to re-check.
     return _resumed(state, position, step, saved, comp, config, changed=False)._replace(from_local_tier=True)
   return None
