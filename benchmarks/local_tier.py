@@ -53,8 +53,8 @@ from checkpoint import LARGE  # noqa: E402
 
 sys.path.insert(0, REPO)
 from trainer import rundir  # noqa: E402
-from trainer.checkpoint.local import default_dir  # noqa: E402
 from trainer.checkpoint.local_copies import KEEP, checksum  # noqa: E402
+from trainer.checkpoint.local_room import default_dir  # noqa: E402
 from trainer.checkpoint.local_shards import device_copy  # noqa: E402
 
 FLAGS = [
@@ -123,7 +123,7 @@ def windows(rows: list[dict], host: dict[int, dict], since: dict, period: int) -
 
 
 def default_base() -> str:
-  """Where the tiers' copies go by default (trainer/checkpoint/local.py's default_dir)."""
+  """Where the tiers' copies go by default (trainer/checkpoint/local_room.py)."""
   return os.path.dirname(default_dir("benchmark"))
 
 

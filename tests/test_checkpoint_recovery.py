@@ -85,12 +85,12 @@ def test_a_fallback_with_no_newer_copy_reads_the_older_checkpoint_once(
   """Checkpoint 6 torn and the copies gone (a replacement host): the tiers are asked again after the
   persistent tier fell back to 4, have nothing newer, and checkpoint 4, already restored, is used as it
   is, not read a second time."""
-  from trainer.checkpoint import local, store
+  from trainer.checkpoint import local_room, store
 
   workdir = str(tmp_path)
   train(_cfg(**{"checkpoint.local_every": 1}), workdir, stop_after=6)
   _tear(workdir, 6)
-  shutil.rmtree(local.default_dir(workdir))
+  shutil.rmtree(local_room.default_dir(workdir))
   reads, restore_latest = [], store.Checkpoints.restore_latest
 
   def counted(self, *args, **kwargs):

@@ -8,7 +8,7 @@ import pytest
 
 from errors import UserError
 from tests.conftest import TINY_FLAGS, run_main, tiny_config
-from trainer.checkpoint import local
+from trainer.checkpoint import local_room
 from trainer.modes.inspect import report
 from trainer.observe.collectives import trip_multipliers
 
@@ -38,7 +38,8 @@ def test_data_parallel_replicates_params_and_all_reduces_gradients_over_data():
   assert 1.0 <= traffic["ratio"] < 1.05, traffic
   # The local tier copies a process's distinct shards once, however many of its devices replicate them.
   t = out["totals"]
-  assert local.memory_line(t["param_bytes"] + t["opt_state_bytes"]) in out["local_tier"], out["local_tier"]
+  held = local_room.memory_line(t["param_bytes"] + t["opt_state_bytes"])
+  assert held in out["local_tier"], out["local_tier"]
 
 
 def test_collectives_inside_scanned_layers_count_once_per_trip():

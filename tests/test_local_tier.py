@@ -278,7 +278,7 @@ def test_one_writer_thread_makes_every_copy_and_an_error_reaches_the_next_wait(t
   tier = local.LocalTier(str(tmp_path), "key", {}, link_timeout_s=1.0)
   writers, stage = [], local_copies.stage
 
-  def host_copy(state):
+  def host_copy(state, *pacing):
     writers.append(threading.current_thread())
     return {"x": {(): np.asarray(state["x"])}}
 
@@ -325,7 +325,43 @@ def test_the_device_copy_keeps_every_shard_in_buffers_of_its_own_and_comes_back_
     mine = {s.data.unsafe_buffer_pointer() for s in leaf.addressable_shards}
     assert not mine & {s.data.unsafe_buffer_pointer() for s in copy[k].addressable_shards}, k
   target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()}
-  back = local_shards.to_state(local_shards.host_copy(copy), target)
-  for k, leaf in state.items():
-    assert back[k].sharding.is_equivalent_to(leaf.sharding, leaf.ndim)
-    np.testing.assert_array_equal(np.asarray(back[k]), np.asarray(leaf))
+  parts = []  # A part per distinct shard: w's 4 (fsdp x tensor), b's 2, m's 2, n's 1; replicas once.
+  for shards in (local_shards.host_copy(copy), local_shards.host_copy(copy, 1, lambda: parts.append(1))):
+    back = local_shards.to_state(shards, target)
+    for k, leaf in state.items():
+      assert back[k].sharding.is_equivalent_to(leaf.sharding, leaf.ndim)
+      np.testing.assert_array_equal(np.asarray(back[k]), np.asarray(leaf))
+  assert len(parts) == 9
+
+
+def test_a_paced_copy_starts_a_part_per_dispatched_step_and_the_rest_once_the_loop_waits(tmp_path):
+  """checkpoint.local_pace_mib: a copy's transfers start a part at a time, one per step the loop
+  dispatches, steps dispatched together too (on a TPU a step dispatched behind a whole copy's transfers
+  waited for them); the loop's wait for the copy starts the rest at once."""
+  import jax.numpy as jnp
+
+  tier = local.LocalTier(str(tmp_path), "key", {}, link_timeout_s=1.0, pace_mib=1e-6)  # A part per leaf.
+  parts, next_part = [], tier._next_part
+  tier._next_part = lambda: (next_part(), parts.append(1))
+  state = {k: jnp.full(4, i) for i, k in enumerate("abcd")}
+  tier.save(1, state, {"step": 1}, checked=True, finite_flags=[])
+  tier.release()
+
+  def parts_after(steps: int) -> int:
+    expected, deadline = len(parts) + steps, time.time() + 30
+    for _ in range(steps):
+      tier.stepped()
+    while len(parts) < expected and time.time() < deadline:
+      time.sleep(0.01)
+    time.sleep(0.5)
+    return len(parts)
+
+  assert parts_after(0) == 0  # No step dispatched since the copy's: no transfer yet.
+  assert parts_after(1) == 1  # One part per dispatched step,
+  assert parts_after(2) == 3  # also for steps dispatched together (a logging window's).
+  assert not local_copies.whole_copies(tier.own)
+  tier.wait()
+  assert len(parts) == 4 and sorted(local_copies.whole_copies(tier.own)) == [1]
+  saved = tier.load(1, {0: {"own": [1], "held": {}, "other": 0}})[0]["shards"]
+  assert {k: v[((0, 4),)].tolist() for k, v in saved.items()} == {k: [i] * 4 for i, k in enumerate("abcd")}
+  tier.close(finished=True)

@@ -128,6 +128,8 @@ class Loop:
         copied = self.checks.copy_if_due(self.step + 1, self.state, batch, self._saves(self.step + 1))
       with self.profile.annotation(self.step + 1):
         self.state, metrics = step_fn(self.state, batch)
+      if run.local is not None:  # A copy in flight starts its next part's transfers beside this step.
+        run.local.stepped()
       self.step += 1
       self.window.add_step(
         self.step,

@@ -4,7 +4,9 @@ checkpoint interval.
 Every `checkpoint.local_every` steps the loop dispatches a copy of the whole train state (params,
 variables, EMA, optimizer state, RNG, step) on its devices, which the next step does not donate, and
 goes on; the tier's writer thread waits for it, brings this process's shards to host memory with the
-data position and the config, frees the device copy, and writes the copy to `checkpoint.local_dir`
+data position and the config (`checkpoint.local_pace_mib` at a time, a part per step the loop dispatches,
+so that the transfers run beside steps queued before them: on a TPU a step dispatched behind a whole
+copy's transfers waited for them), frees the device copy, and writes the copy to `checkpoint.local_dir`
 (host-local, by default a folder under /dev/shm) and sends the same bytes to its partner, a process
 on another host where there is one, over the peer service (trainer/cluster/peers.py), which keeps it
 in its own local_dir. Both sides keep their newest three (KEEP). The next copy waits for the previous one's
@@ -29,16 +31,14 @@ import queue
 import shutil
 import socket
 import statistics
-import tempfile
 import threading
 import time
 
 import jax
 
 from errors import UserError
-from trainer.checkpoint import device_memory
 from trainer.checkpoint import local_copies as copies
-from trainer.checkpoint.local_copies import KEEP
+from trainer.checkpoint import local_room
 from trainer.checkpoint.local_shards import device_copy, host_copy, state_bytes, to_state
 from trainer.cluster import multihost, peers
 from trainer.observe.metrics import console
@@ -47,21 +47,16 @@ PUT, GET = 2, 3  # Peer-service message types (peers.PROBE is 1).
 _PEER_TIMEOUT_S = 120.0
 
 
-def default_dir(workdir: str) -> str:
-  """A per-run folder under $LOCAL_TIER_BASE, else in host memory (/dev/shm) where there is one, else in
-  the system's temporary folder."""
-  base = os.environ.get("LOCAL_TIER_BASE") or (
-    "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-  )
-  run = hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:12]
-  return os.path.join(base, f"jax-template-{run}")
-
-
 class LocalTier:
   """This process's copies (local_dir/process_I/own) and those it holds for others (.../held/J)."""
 
-  def __init__(self, local_dir: str, fingerprint: str, config_json: dict, link_timeout_s: float):
+  def __init__(
+    self, local_dir: str, fingerprint: str, config_json: dict, link_timeout_s: float, pace_mib: float = 0
+  ):
     self.fingerprint, self.config_json = fingerprint, config_json
+    self.pace_bytes = pace_mib * 2**20 or float("inf")  # Transferred per dispatched step (0: at once).
+    self._steps, self._rush = threading.Semaphore(0), threading.Event()  # Pacing: stepped(), wait().
+    self._paced_s = 0.0  # The copy in flight's waits for steps: not its work.
     self.link_timeout_s = link_timeout_s  # How long a send to the partner is tried again.
     self.me, self.processes = jax.process_index(), jax.process_count()
     self.root = os.path.join(local_dir, f"process_{self.me}")
@@ -98,6 +93,7 @@ class LocalTier:
     record = {"step": step, "position": position, "config": self.config_json}
     manifest = {"step": step, "process": self.me, "processes": self.processes, "checked": checked}
     self._released, self._kept = threading.Event(), False
+    self._steps, self._rush = threading.Semaphore(0), threading.Event()  # Steps from now pace this copy.
     self._idle.clear()
     if self._writer is None:
       self._writer = threading.Thread(target=self._serve, daemon=True, name="local_tier_writer")
@@ -109,6 +105,20 @@ class LocalTier:
     """A copy's work (to host memory, written, sent), the median of the last eight: one copy's varies
     several-fold on a loaded host. For trainer/cadence.py's CopyCadence."""
     return statistics.median(self._works) if self._works else 0.0
+
+  def stepped(self) -> None:
+    """The loop has dispatched a step: the copy in flight may start one more part's transfers."""
+    self._steps.release()
+
+  def _next_part(self) -> None:
+    """Until a step dispatched since the copy is not yet spent on a part, unless the loop waits for the
+    copy. A part per step, not a part after each step: the loop dispatches a logging window's steps
+    together, then waits for them, so a part each time the writer finds a new step went one per window
+    and left most of the copy's transfers for the next copy's wait."""
+    started = time.time()
+    if not self._rush.is_set():
+      self._steps.acquire()  # wait() releases it too.
+    self._paced_s += time.time() - started
 
   def release(self) -> None:
     """The step's rows are written: its copy may become whole (written and sent)."""
@@ -134,9 +144,11 @@ class LocalTier:
       started = self._step_ran_at = time.time()  # The step has run: the copy's work starts.
       if not finite:
         return  # The loop rolls back when it checks these steps; their copies must not exist.
-      record["shards"] = host_copy(on_devices.pop())  # Its device memory freed once on the host.
+      self._paced_s = 0.0
+      paced = self._next_part if self.pace_bytes < float("inf") else lambda: None
+      record["shards"] = host_copy(on_devices.pop(), self.pace_bytes, paced)  # Device memory freed after.
       digest = copies.stage(self.own, step, lambda w: pickle.dump(record, w, protocol=5))
-      staged_s = time.time() - started
+      staged_s = time.time() - started - self._paced_s
       self._released.wait()
       released = time.time()
       if not self._kept:  # The loop failed before the step's rows: the copy is dropped.
@@ -172,6 +184,8 @@ class LocalTier:
     partner unreachable for longer than the peer timeout, ends the run like any failing save."""
     if not self._idle.is_set():
       started = time.time()
+      self._rush.set()  # The rest of the copy's transfers at once.
+      self._steps.release()
       self._released.set()  # Never released (an error after the copy): dropped, not written.
       self._idle.wait()
       # Waiting for the copy's step to run is the pipeline's; only the wait for its work counts.
@@ -274,84 +288,29 @@ def newest_common(holdings: dict[int, dict], processes: int) -> int | None:
   return max(common) if common else None
 
 
-def shortfall(local_dir: str, state_bytes: int, partnered: bool = True) -> str | None:
-  """Why `local_dir` cannot hold the tiers' copies, or None: KEEP copies of this process's shards, KEEP
-  of its partner's where it has one, and the spare of each that the next copy is written over."""
-  try:
-    os.makedirs(local_dir, exist_ok=True)
-    have = shutil.disk_usage(local_dir).free + _bytes_under(local_dir)
-  except OSError as e:
-    return f"checkpoint.local_dir={local_dir} cannot be used ({e.strerror or e})"
-  if have >= (1 + partnered) * (KEEP + 1) * state_bytes:
-    return None
-  return (
-    f"checkpoint.local_dir={local_dir} has {have / 2**20:.1f} MiB of room and the local and peer tiers "
-    f"need {memory_line(state_bytes, partnered)}"
-  )
-
-
-_ROOM = (
-  "give it more room (docker --shm-size, a Kubernetes emptyDir with medium Memory and a sizeLimit), "
-  "point checkpoint.local_dir elsewhere, or set checkpoint.local_every=0"
-)
-
-
 def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
   """The run's tiers, or None where checkpoint.local_every is 0, or -1 and local_dir lacks room (said)."""
   c = config.checkpoint
   if c.local_every == 0:
     return None
-  local_dir = os.path.abspath(c.local_dir or default_dir(workdir))
+  local_dir = os.path.abspath(c.local_dir or local_room.default_dir(workdir))
   held = state_bytes(target)  # This process's distinct shards: what each copy holds.
   partnered = jax.process_count() > 1
-  short = shortfall(local_dir, held, partnered)
+  short = local_room.shortfall(local_dir, held, partnered)
   timeout_s = config.watchdog.startup_timeout_s
   if not multihost.all_agree("local_tier_room", short is None, timeout_s):
     why = short or "another process's local_dir has no room"
     if c.local_every > 0:
-      raise UserError(f"{why}: {_ROOM}")
+      raise UserError(f"{why}: {local_room.ROOM}")
     console(
       f"warning: the local checkpoint tier is off: {why}; a lost host costs up to checkpoint.every steps"
     )
     return None
   key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
   link_timeout_s = config.watchdog.peer_timeout_s or _PEER_TIMEOUT_S
-  tier = LocalTier(local_dir, key, json.loads(config.to_json()), link_timeout_s)
-  console(f"local tier: {memory_line(held, partnered)}; {local_dir}")
+  tier = LocalTier(local_dir, key, json.loads(config.to_json()), link_timeout_s, c.local_pace_mib)
+  console(f"local tier: {local_room.memory_line(held, partnered)}; {local_dir}")
   return tier
-
-
-def memory_line(state_bytes: int, partnered: bool = True) -> str:
-  """What the tiers hold in host memory per process (process 0's shards stand for every process's); one
-  process alone has no partner's copies to hold."""
-  partners = " and as many of its partner's" if partnered else ", no partner's: one process"
-  return (
-    f"up to {(1 + partnered) * (KEEP + 1) * state_bytes / 2**20:.1f} MiB of host memory per process "
-    f"({KEEP + 1} copies of its {state_bytes / 2**20:.1f} MiB of shards{partners})"
-  )
-
-
-def inspect_line(config, target) -> str:
-  """--mode=inspect's account of the tiers' host memory (`target`: the abstract state, with shardings)."""
-  if config.checkpoint.local_every == 0:
-    return "local and peer tiers: off (checkpoint.local_every=0)"
-  per_device = max(device_memory.bytes_per_device(target, addressable_only=False).values(), default=0)
-  return (
-    f"local and peer tiers: {memory_line(state_bytes(target))} for process {jax.process_index()}'s "
-    f"{len(jax.local_devices())} devices (the fullest device holds {per_device / 2**20:.1f} MiB of the "
-    f"state: a process copies its devices' distinct shards)"
-  )
-
-
-def _bytes_under(folder: str) -> int:
-  total = 0
-  for root, _, files in os.walk(folder):
-    for name in files:
-      try:
-        total += os.path.getsize(os.path.join(root, name))
-      except OSError:
-        pass
-  return total
 
 
 def restore_newest(tier, target, persistent_newest, timeout_s, say_why=True, before_read=lambda: None):

@@ -13,20 +13,29 @@ def _index_key(index, shape) -> tuple:
   return tuple((s.start or 0, shape[i] if s.stop is None else s.stop) for i, s in enumerate(index))
 
 
-def host_copy(state) -> dict:
-  """{leaf path: {index: numpy array}}: this process's distinct shards, copied now (blocking)."""
+def host_copy(state, chunk_bytes: float = float("inf"), before_chunk=lambda: None) -> dict:
+  """{leaf path: {index: numpy array}}: this process's distinct shards, copied now (blocking). Their
+  transfers start `chunk_bytes` at a time, each chunk once `before_chunk` returns and in host memory
+  before the next one starts: the local tier paces them by the loop's steps (trainer/checkpoint/local.py)."""
   leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-  for _, leaf in leaves:
-    for shard in leaf.addressable_shards:
-      shard.data.copy_to_host_async()
-  out = {}
+  out, distinct = {}, []  # Replicas of a shard (data parallelism) are transferred once.
   for path, leaf in leaves:
-    shards = {}
+    shards = out["/".join(path_keys(path))] = {}
     for shard in leaf.addressable_shards:
       key = _index_key(shard.index, leaf.shape)
       if key not in shards:
-        shards[key] = np.asarray(shard.data)
-    out["/".join(path_keys(path))] = shards
+        shards[key] = None
+        distinct.append((shards, key, shard.data))
+  i = 0
+  while i < len(distinct):
+    before_chunk()
+    j, size = i, 0
+    while j < len(distinct) and (j == i or size < chunk_bytes):
+      distinct[j][2].copy_to_host_async()
+      size, j = size + distinct[j][2].nbytes, j + 1
+    for shards, key, data in distinct[i:j]:
+      shards[key] = np.asarray(data)
+    i = j
   return out
 
 

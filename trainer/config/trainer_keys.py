@@ -179,6 +179,15 @@ KEYS = {
     "local_dir has room for the copies (else off with a warning) and a copy's work fits in a tenth of a "
     "step, else every 2, 4, 8 ... steps, said in a line (trainer/cadence.py's CopyCadence); 0: off.",
   ),
+  "checkpoint.local_pace_mib": Key(
+    64.0,
+    real(0.0),
+    keys.FREE,
+    "A local-tier copy is brought to host memory this many MiB at a time, a part per step the loop "
+    "dispatches, so that its transfers run beside the steps (on a TPU a step dispatched behind a whole "
+    "copy's transfers waited for them); 0: all at once. A copy then takes about its size / this steps, "
+    "unless the loop waits for it (the next copy, the run's end).",
+  ),
   "checkpoint.local_dir": Key(
     "",
     text,

@@ -16,7 +16,7 @@ from errors import UserError
 from trainer import components, rundir
 from trainer import sharding as sharding_lib
 from trainer import state as state_lib
-from trainer.checkpoint import device_memory, local
+from trainer.checkpoint import device_memory, local_room
 from trainer.observe import flops, hardware
 from trainer.observe.collectives import collectives, trip_multipliers
 from trainer.observe.metrics import console, device_label
@@ -213,7 +213,7 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
       "all_to_all_minimum_bytes_per_device": None if exchange is None else exchange[0],
       "all_to_all_minimum_formula": None if exchange is None else exchange[1],
     },
-    "local_tier": local.inspect_line(config, target),
+    "local_tier": local_room.inspect_line(config, target),
     "expert_placement": expert_placement(params, dict(comp.mesh.shape)),
     # The experiment's own account of what compiled (the LM: its attention implementation).
     "experiment_notes": list(

@@ -1,0 +1,78 @@
+"""How much room the local and peer tiers (trainer/checkpoint/local.py) need, where their copies go by
+default, and what they hold in host memory (said at the start and in --mode=inspect)."""
+
+import hashlib
+import os
+import shutil
+import tempfile
+
+import jax
+
+from trainer.checkpoint import device_memory
+from trainer.checkpoint.local_copies import KEEP
+from trainer.checkpoint.local_shards import state_bytes
+
+
+def default_dir(workdir: str) -> str:
+  """A per-run folder under $LOCAL_TIER_BASE, else in host memory (/dev/shm) where there is one, else in
+  the system's temporary folder."""
+  base = os.environ.get("LOCAL_TIER_BASE") or (
+    "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+  )
+  run = hashlib.sha1(os.path.abspath(workdir).encode()).hexdigest()[:12]
+  return os.path.join(base, f"jax-template-{run}")
+
+
+def shortfall(local_dir: str, state_bytes: int, partnered: bool = True) -> str | None:
+  """Why `local_dir` cannot hold the tiers' copies, or None: KEEP copies of this process's shards, KEEP
+  of its partner's where it has one, and the spare of each that the next copy is written over."""
+  try:
+    os.makedirs(local_dir, exist_ok=True)
+    have = shutil.disk_usage(local_dir).free + _bytes_under(local_dir)
+  except OSError as e:
+    return f"checkpoint.local_dir={local_dir} cannot be used ({e.strerror or e})"
+  if have >= (1 + partnered) * (KEEP + 1) * state_bytes:
+    return None
+  return (
+    f"checkpoint.local_dir={local_dir} has {have / 2**20:.1f} MiB of room and the local and peer tiers "
+    f"need {memory_line(state_bytes, partnered)}"
+  )
+
+
+ROOM = (
+  "give it more room (docker --shm-size, a Kubernetes emptyDir with medium Memory and a sizeLimit), "
+  "point checkpoint.local_dir elsewhere, or set checkpoint.local_every=0"
+)
+
+
+def memory_line(state_bytes: int, partnered: bool = True) -> str:
+  """What the tiers hold in host memory per process (process 0's shards stand for every process's); one
+  process alone has no partner's copies to hold."""
+  partners = " and as many of its partner's" if partnered else ", no partner's: one process"
+  return (
+    f"up to {(1 + partnered) * (KEEP + 1) * state_bytes / 2**20:.1f} MiB of host memory per process "
+    f"({KEEP + 1} copies of its {state_bytes / 2**20:.1f} MiB of shards{partners})"
+  )
+
+
+def inspect_line(config, target) -> str:
+  """--mode=inspect's account of the tiers' host memory (`target`: the abstract state, with shardings)."""
+  if config.checkpoint.local_every == 0:
+    return "local and peer tiers: off (checkpoint.local_every=0)"
+  per_device = max(device_memory.bytes_per_device(target, addressable_only=False).values(), default=0)
+  return (
+    f"local and peer tiers: {memory_line(state_bytes(target))} for process {jax.process_index()}'s "
+    f"{len(jax.local_devices())} devices (the fullest device holds {per_device / 2**20:.1f} MiB of the "
+    f"state: a process copies its devices' distinct shards)"
+  )
+
+
+def _bytes_under(folder: str) -> int:
+  total = 0
+  for root, _, files in os.walk(folder):
+    for name in files:
+      try:
+        total += os.path.getsize(os.path.join(root, name))
+      except OSError:
+        pass
+  return total
