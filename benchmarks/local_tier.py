@@ -19,7 +19,8 @@ printed), and --set=KEY=VALUE overrides the config (a batch that gives the chip 
 of each logging window by its place after a copy, against the same windows of the run without: whether
 a copy slows the steps right after it or the later ones; and, from processes/process_0.jsonl, how much of
 each step the loop spent taking batches, dispatching it and, at the window's end, waiting for the devices
-(a loop whose dispatch takes most of a step has no slack for a copy's host work).
+(a loop whose dispatch takes most of a step has no slack for a copy's host work). The transfers are paced
+by the loop's steps (checkpoint.local_pace_mib; --set=checkpoint.local_pace_mib=0 compares them unpaced).
 
   .venv/bin/python benchmarks/local_tier.py [--steps=24] [--rounds=2] [--models=smoke,107m] [--base=DIR]
       [--processes=2] [--accelerator] [--every=1] [--timeline] [--set=global_batch_size=128 ...]
