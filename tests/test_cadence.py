@@ -6,8 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO, TINY_FLAGS, tiny_config
-from trainer.cadence import CopyCadence, itstime, steps_per_copy
+from trainer.cadence import CopyCadence, itstime, slowdown, steps_per_copy
 from trainer.train import train
 
 TIMED = {"steps": 8, "log_every": 2, "checkpoint.every": 100, "checkpoint.keep": 10}
@@ -63,6 +65,38 @@ def test_the_local_tier_copies_less_often_where_a_copy_takes_more_than_a_tenth_o
     "local tier: a copy every step from step 76 (a copy's work 0.01 s, 0.100 s per step); "
     "a lost host costs up to a step",
   ], lines
+
+
+def test_once_windows_with_and_without_a_copy_show_what_copies_cost_the_loop_the_cadence_goes_by_that(capsys):
+  """Steps 1% slower beside a copy (a TPU host with slack, the transfers paced): N is the fewest steps
+  whose copies cost the loop at most COST_SHARE and leave room for a copy's work, not ten copies' work."""
+  assert slowdown([(0.0, 0.1), (0.0, 0.1), (1.0, 0.101)]) is None  # One window beside a copy: not yet.
+  assert slowdown([(0.0, 0.1), (0.1, 0.1), (1.0, 0.101), (0.9, 0.101), (0.4, 0.5)]) == pytest.approx(
+    0.001 / 0.9 / (0.1 - 0.001 / 0.9 * 0.05)  # Medians of each group; the window in between left out.
+  )
+  assert slowdown([(0.0, 0.1), (0.0, 0.1), (1.0, 0.09), (1.0, 0.09)]) == 0.0  # Faster: no cost.
+  assert steps_per_copy(64, copy_s=0.4, step_s=0.1, slower=0.01, span_s=1.0) == 8  # Work's room: 5 steps.
+  assert steps_per_copy(64, copy_s=0.4, step_s=0.1, slower=0.05, span_s=2.0) == 64  # 50 steps: in the band.
+  assert steps_per_copy(64, copy_s=0.4, step_s=0.1, slower=0.2, span_s=2.0) == 256  # A host without slack.
+  copies = CopyCadence(-1, log_every=4, timeout_s=1)
+  copies.begin(0, 0)
+  copies._window_s = lambda step: 0.4  # Windows of 4 steps of 0.1 s.
+  busy, due = 0.0, []
+  for step in range(1, 101):
+    due += [step] if copies.due(step) else []
+    if step % 4 == 0:
+      beside = 0.4 if step % 16 == 0 else 0.0  # A copy in flight through every fourth window.
+      busy += beside
+      step_s = 0.101 if beside else 0.1
+      copies.decide(step, copy_s=0.4, step_s=step_s, waited_s=0.0, busy_s=busy, span_s=1.0)
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
+  assert lines == [
+    "local tier: a copy every 64 steps from step 8 (a copy's work 0.40 s, 0.100 s per step); "
+    "a lost host costs up to 64 steps",
+    "local tier: a copy every 8 steps from step 36 (a copy's work 0.40 s, 0.100 s per step; steps 1.0% "
+    "slower beside a copy in flight for 1.00 s); a lost host costs up to 8 steps",
+  ], lines
+  assert due[-3:] == [80, 88, 96] and copies.every == 8
 
 
 def test_a_run_whose_copies_outlast_its_steps_copies_less_often_and_says_so(tmp_path):

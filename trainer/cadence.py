@@ -13,7 +13,7 @@ slow clock, and no step runs a collective for it.
 
 `CopyCadence` decides the same way how often the local tier copies: every step while a copy's work
 fits in a tenth of a step, else every N steps, so that copies cost the loop little and never set its
-pace.
+pace; once windows with and without a copy in flight show what a copy costs the loop, by that.
 """
 
 import collections
@@ -123,17 +123,24 @@ class CopyCadence(_Published):
   power of two), so that copies cost the loop little and never set its pace: at each logging step
   process 0 compares a copy's work (the median of its last eight) with the seconds per step (the median
   of the last eight windows') and decides N for the window after the next logging step; a change is
-  said in one line (a lost host then costs up to N steps, about ten copies' work)."""
+  said in one line (a lost host then costs up to N steps, about ten copies' work). Once the last
+  windows include some with a copy in flight and some without, their seconds per step say how much
+  slower a step runs beside a copy (`slowdown`), and N is the fewest steps whose copies cost the loop
+  at most COST_SHARE and leave room for a copy's work (on a TPU v5e host, 64 steps where the work's
+  rule took 512: WORKSPACE)."""
 
   def __init__(self, local_every: int, log_every: int, timeout_s: float):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
     self.fixed, self.adapts = max(local_every, 0), local_every < 0  # 0: no copies.
-    self.every, self._from, self._waited_s = self.fixed or 1, 0, 0.0
+    self.every, self._from, self._waited_s, self._busy_s = self.fixed or 1, 0, 0.0, 0.0
     self._step_times: collections.deque[float] = collections.deque(maxlen=8)
+    # (share of the window a copy was in flight, its seconds per step): slowdown.
+    self._loads: collections.deque[tuple[float, float]] = collections.deque(maxlen=16)
 
   def begin(self, step: int, attempt: int) -> None:
     self.every, self._from = self.fixed or 1, step
     self._step_times.clear()
+    self._loads.clear()
     if self.adapts:
       self._restart(step, attempt, "1")
 
@@ -148,11 +155,16 @@ class CopyCadence(_Published):
         how, lost = (
           (f"every {self.every} steps", f"{self.every} steps") if self.every > 1 else ("every step", "a step")
         )
-        why = f" (a copy's work {measured[0]} s, {measured[1]} s per step)" if measured else ""
+        why = f"a copy's work {measured[0]} s, {measured[1]} s per step" if measured else ""
+        if len(measured) > 2:  # Measured: slowdown.
+          why += f"; steps {measured[2]}% slower beside a copy in flight for {measured[3]} s"
+        why = f" ({why})" if why else ""
         console(f"local tier: a copy {how} from step {step}{why}; a lost host costs up to {lost}")
     return step % self.every == 0
 
-  def decide(self, step: int, copy_s: float, step_s: float, waited_s: float) -> None:
+  def decide(
+    self, step: int, copy_s: float, step_s: float, waited_s: float, busy_s: float = 0.0, span_s: float = 0.0
+  ) -> None:
     """At logging step `step`: process 0 decides N for the next logging step from `copy_s`, a copy's
     work (to host memory, written, checksummed and sent: the median of the last eight), and `step_s`,
     the window's seconds per step (its metrics row's: saves and evaluations left out). `waited_s`, the
@@ -160,14 +172,21 @@ class CopyCadence(_Published):
     steps' own pace, not the one copies set, so it gets there in one decision. And N is judged against
     the median of the last eight windows: the window a copy lands in is slower by what the copy took
     from the loop (on a TPU v5e host 0.049 against 0.028 s per step for the ~107M model), which alone
-    would call for copies more often, right after one."""
-    self._forget(step)
+    would call for copies more often, right after one. `busy_s`, the seconds copies have been in flight
+    so far, and `span_s`, a copy's time in flight (the median of the last eight), measure it instead
+    once they can (`slowdown`)."""
+    window_s = self._window_s(step)
     steps, self._from = max(step - self._from, 1), step
-    self._step_times.append(max(step_s - (waited_s - self._waited_s) / steps, 0.0))
-    self._waited_s, step_s = waited_s, statistics.median(self._step_times)
+    own = max(step_s - (waited_s - self._waited_s) / steps, 0.0)
+    self._step_times.append(own)
+    self._loads.append((min((busy_s - self._busy_s) / max(window_s, 1e-9), 1.0), own))
+    self._waited_s, self._busy_s, step_s = waited_s, busy_s, statistics.median(self._step_times)
     if self.adapts:
-      every = steps_per_copy(self.every, copy_s, step_s)
-      self._publish(self._next_logging_step(step), f"{every} {copy_s:.2f} {step_s:.3f}")
+      slower = slowdown(self._loads)
+      every = steps_per_copy(self.every, copy_s, step_s, slower, span_s)
+      value = f"{every} {copy_s:.2f} {step_s:.3f}"
+      value += f" {100 * slower:.1f} {span_s:.2f}" if slower is not None else ""
+      self._publish(self._next_logging_step(step), value)
 
 
 # The share of the time between copies that a copy's work may take. Much of that work runs beside the
@@ -175,13 +194,38 @@ class CopyCadence(_Published):
 # of the ~107M model came out of the loop's time (copies every 32 steps of 30 ms cost 13%), so a tenth
 # keeps the cost near 3% there (benchmarks/local_tier.py --accelerator --every=-1).
 WORK_SHARE = 0.1
+# Measured instead (slowdown): the share of the loop's time copies may take, with room to spare for the
+# measurement's noise under the 3% the tiers are held to; and the room a copy's work needs between copies
+# (the next copy waits for it).
+COST_SHARE, WORK_ROOM = 0.02, 1.25
 
 
-def steps_per_copy(every: int, copy_s: float, step_s: float) -> int:
+def slowdown(loads) -> float | None:
+  """How much slower a step runs while a copy is in flight, as a fraction of the steps' own pace, from
+  (share of a window a copy was in flight, its seconds per step): the slope between the medians of the
+  windows mostly without a copy (a share up to a quarter) and those mostly with one (at least half),
+  two of each at least, or None. Medians, not a least-squares line: one window slowed by something
+  else (a save, the host's other work) moves them little."""
+  quiet = [(f, s) for f, s in loads if f <= 0.25]
+  busy = [(f, s) for f, s in loads if f >= 0.5]
+  if len(quiet) < 2 or len(busy) < 2:
+    return None
+  (fq, sq), (fb, sb) = ((statistics.median(x) for x in zip(*group, strict=True)) for group in (quiet, busy))
+  slope = (sb - sq) / (fb - fq)
+  own = sq - slope * fq
+  return max(slope, 0.0) / own if own > 0 else None
+
+
+def steps_per_copy(
+  every: int, copy_s: float, step_s: float, slower: float | None = None, span_s: float = 0.0
+) -> int:
   """The next N from the present one: the power of two of steps whose time a copy's work takes at most
-  WORK_SHARE of, when that is more than N or at most a third of it (the band between keeps N from
-  flapping); else N."""
+  WORK_SHARE of, or, measured (`slower`: slowdown's fraction while a copy is in flight for `span_s`),
+  whose time a copy's cost to the loop takes at most COST_SHARE of and a copy's work WORK_ROOM fits in;
+  when that is more than N or at most a third of it (the band between keeps N from flapping); else N."""
   need = copy_s / WORK_SHARE / max(step_s, 1e-9)
+  if slower is not None:
+    need = max(copy_s * WORK_ROOM, slower * span_s / COST_SHARE) / max(step_s, 1e-9)
   if need > every or 3 * need <= every:
     return 1 if need <= 1 else min(2 ** math.ceil(math.log2(need)), 1 << 16)
   return every

@@ -184,7 +184,10 @@ class Loop:
       self.timed_saves.decide(step)  # Whether the next logging step saves by the clock (process 0).
       self._log(step, t, metrics, device_wait_s)
       if run.local is not None:  # How often the local tier copies (process 0), from the row just written.
-        self.copies.decide(step, run.local.work_s, self.last["step_time_s"], run.local.waited_s)
+        local = run.local
+        self.copies.decide(
+          step, local.work_s, self.last["step_time_s"], local.waited_s, local.busy_s, local.span_s
+        )
     if itstime(step, config.eval_every) and step != config.steps:
       with self._saved_if_fork_code_fails(step, save_now):
         self.eval_row = self.evaluate(step)

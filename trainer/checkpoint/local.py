@@ -68,6 +68,8 @@ class LocalTier:
     self._released, self._kept = threading.Event(), False
     self._error: BaseException | None = None
     self._works = collections.deque(maxlen=8)  # The last copies' work: work_s.
+    self._spans = collections.deque(maxlen=8)  # The last copies' time in flight, saved to done: span_s.
+    self._busy_s, self._saved_at = 0.0, None  # Copies' time in flight so far: busy_s.
     self.waited_s = 0.0  # The loop's waits for copies' work in all (not for their steps): CopyCadence.
     self._step_ran_at = 0.0  # When the copy in flight's step had run on the devices.
     os.makedirs(self.own, exist_ok=True)
@@ -94,6 +96,7 @@ class LocalTier:
     manifest = {"step": step, "process": self.me, "processes": self.processes, "checked": checked}
     self._released, self._kept = threading.Event(), False
     self._steps, self._rush = threading.Semaphore(0), threading.Event()  # Steps from now pace this copy.
+    self._saved_at = time.time()
     self._idle.clear()
     if self._writer is None:
       self._writer = threading.Thread(target=self._serve, daemon=True, name="local_tier_writer")
@@ -105,6 +108,18 @@ class LocalTier:
     """A copy's work (to host memory, written, sent), the median of the last eight: one copy's varies
     several-fold on a loaded host. For trainer/cadence.py's CopyCadence."""
     return statistics.median(self._works) if self._works else 0.0
+
+  @property
+  def span_s(self) -> float:
+    """A copy's time in flight, from the loop's save to written and sent (the median of the last
+    eight): while the loop may run slower beside it. For CopyCadence."""
+    return statistics.median(self._spans) if self._spans else 0.0
+
+  @property
+  def busy_s(self) -> float:
+    """The seconds copies have been in flight so far, the one in flight included. For CopyCadence."""
+    saved_at = self._saved_at
+    return self._busy_s + (time.time() - saved_at if saved_at is not None else 0.0)
 
   def stepped(self) -> None:
     """The loop has dispatched a step: the copy in flight may start one more part's transfers."""
@@ -133,6 +148,9 @@ class LocalTier:
         self._write(*job)
       finally:
         del job  # The copy's host memory, freed before the next one is waited for.
+        span = time.time() - self._saved_at
+        self._spans.append(span)
+        self._busy_s, self._saved_at = self._busy_s + span, None
         self._idle.set()
 
   def _write(self, on_devices: list, finite_flags: list, record: dict, manifest: dict) -> None:
