@@ -99,6 +99,31 @@ def test_once_windows_with_and_without_a_copy_show_what_copies_cost_the_loop_the
   assert due[-3:] == [80, 88, 96] and copies.every == 8
 
 
+def test_copies_that_leave_no_window_without_one_are_measured_in_a_window_left_without(capsys):
+  """Copies every step, each a twentieth of a step's work, and steps 10% slower beside them (the ~107M
+  model on CPU devices): no window is without a copy, so one in PROBE_AFTER + 1 is left without copies;
+  two of them show the cost, and the tier copies every 4 steps (copies in flight 0.05 s cost 10% of
+  that: under COST_SHARE of 4 steps)."""
+  copies = CopyCadence(-1, log_every=4, timeout_s=1)
+  copies.begin(0, 0)
+  copies._window_s = lambda step: 0.4
+  busy, due = 0.0, []
+  for step in range(1, 161):
+    due += [step] if copies.due(step) else []
+    if step % 4 == 0:  # The window since the last logging step: the copies made at its steps.
+      copied = any(s in due for s in range(step - 4, step))
+      busy += 0.4 if copied else 0.0
+      step_s = 0.11 if copied else 0.1
+      copies.decide(step, copy_s=0.005, step_s=step_s, waited_s=0.0, busy_s=busy, span_s=0.05)
+  assert [s for s in range(1, 148) if s not in due] == [68, 69, 70, 71, 140, 141, 142, 143]  # Probes.
+  assert due[-4:] == [148, 152, 156, 160] and copies.every == 4
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
+  assert lines == [
+    "local tier: a copy every 4 steps from step 148 (a copy's work 0.01 s, 0.110 s per step; steps 10.0% "
+    "slower beside a copy in flight for 0.05 s); a lost host costs up to 4 steps"
+  ], lines
+
+
 def test_a_run_whose_copies_outlast_its_steps_copies_less_often_and_says_so(tmp_path):
   """The default cadence in a real run: each own copy held 1 s where a step takes a few hundredths,
   so after a window or two the tier copies every 2**k steps instead of setting the loop's pace."""

@@ -127,20 +127,26 @@ class CopyCadence(_Published):
   windows include some with a copy in flight and some without, their seconds per step say how much
   slower a step runs beside a copy (`slowdown`), and N is the fewest steps whose copies cost the loop
   at most COST_SHARE and leave room for a copy's work (on a TPU v5e host, 64 steps where the work's
-  rule took 512: WORKSPACE)."""
+  rule took 512: WORKSPACE). Where copies leave no window without one (every step, say), one window in
+  PROBE_AFTER + 1 is left without copies to measure against (a lost host costs up to a window there)."""
 
   def __init__(self, local_every: int, log_every: int, timeout_s: float):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
     self.fixed, self.adapts = max(local_every, 0), local_every < 0  # 0: no copies.
     self.every, self._from, self._waited_s, self._busy_s = self.fixed or 1, 0, 0.0, 0.0
     self._step_times: collections.deque[float] = collections.deque(maxlen=8)
-    # (share of the window a copy was in flight, its seconds per step): slowdown.
-    self._loads: collections.deque[tuple[float, float]] = collections.deque(maxlen=16)
+    # (share of the window a copy was in flight, its seconds per step): slowdown's, windows mostly
+    # without a copy and mostly beside one apart, so that rare quiet windows (probes) are not crowded out.
+    self._quiet: collections.deque[tuple[float, float]] = collections.deque(maxlen=4)
+    self._busy: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)
+    self._unquiet, self._quiet_until = 0, 0  # Windows since a quiet one; a probe's window's end.
 
   def begin(self, step: int, attempt: int) -> None:
     self.every, self._from = self.fixed or 1, step
     self._step_times.clear()
-    self._loads.clear()
+    self._quiet.clear()
+    self._busy.clear()
+    self._unquiet, self._quiet_until = 0, 0
     if self.adapts:
       self._restart(step, attempt, "1")
 
@@ -150,8 +156,10 @@ class CopyCadence(_Published):
       return False
     if self.adapts and step % self.log_every == 0 and (value := self._read(step)) is not None:
       every, *measured = value.split()
-      if int(every) != self.every:
-        self.every = int(every)
+      probe = every.startswith("-")  # No copy in this window: it measures the steps without one.
+      self._quiet_until = step + self.log_every if probe else 0
+      if abs(int(every)) != self.every:
+        self.every = abs(int(every))
         how, lost = (
           (f"every {self.every} steps", f"{self.every} steps") if self.every > 1 else ("every step", "a step")
         )
@@ -160,7 +168,7 @@ class CopyCadence(_Published):
           why += f"; steps {measured[2]}% slower beside a copy in flight for {measured[3]} s"
         why = f" ({why})" if why else ""
         console(f"local tier: a copy {how} from step {step}{why}; a lost host costs up to {lost}")
-    return step % self.every == 0
+    return step % self.every == 0 and step >= self._quiet_until
 
   def decide(
     self, step: int, copy_s: float, step_s: float, waited_s: float, busy_s: float = 0.0, span_s: float = 0.0
@@ -179,12 +187,16 @@ class CopyCadence(_Published):
     steps, self._from = max(step - self._from, 1), step
     own = max(step_s - (waited_s - self._waited_s) / steps, 0.0)
     self._step_times.append(own)
-    self._loads.append((min((busy_s - self._busy_s) / max(window_s, 1e-9), 1.0), own))
+    load = (min((busy_s - self._busy_s) / max(window_s, 1e-9), 1.0), own)
+    self._unquiet = 0 if load[0] <= QUIET else self._unquiet + 1
+    (self._quiet if load[0] <= QUIET else self._busy if load[0] >= BUSY else []).append(load)
     self._waited_s, self._busy_s, step_s = waited_s, busy_s, statistics.median(self._step_times)
     if self.adapts:
-      slower = slowdown(self._loads)
+      slower = slowdown([*self._quiet, *self._busy])
       every = steps_per_copy(self.every, copy_s, step_s, slower, span_s)
-      value = f"{every} {copy_s:.2f} {step_s:.3f}"
+      probe = self._unquiet >= PROBE_AFTER
+      self._unquiet = 0 if probe else self._unquiet
+      value = f"{-every if probe else every} {copy_s:.2f} {step_s:.3f}"
       value += f" {100 * slower:.1f} {span_s:.2f}" if slower is not None else ""
       self._publish(self._next_logging_step(step), value)
 
@@ -198,16 +210,18 @@ WORK_SHARE = 0.1
 # measurement's noise under the 3% the tiers are held to; and the room a copy's work needs between copies
 # (the next copy waits for it).
 COST_SHARE, WORK_ROOM = 0.02, 1.25
+# A window is quiet where copies were in flight for at most QUIET of it, beside one for at least BUSY.
+QUIET, BUSY, PROBE_AFTER = 0.25, 0.5, 16
 
 
 def slowdown(loads) -> float | None:
   """How much slower a step runs while a copy is in flight, as a fraction of the steps' own pace, from
   (share of a window a copy was in flight, its seconds per step): the slope between the medians of the
-  windows mostly without a copy (a share up to a quarter) and those mostly with one (at least half),
-  two of each at least, or None. Medians, not a least-squares line: one window slowed by something
+  windows mostly without a copy (QUIET) and those mostly beside one (BUSY), two of each at least, or
+  None. Medians, not a least-squares line: one window slowed by something
   else (a save, the host's other work) moves them little."""
-  quiet = [(f, s) for f, s in loads if f <= 0.25]
-  busy = [(f, s) for f, s in loads if f >= 0.5]
+  quiet = [(f, s) for f, s in loads if f <= QUIET]
+  busy = [(f, s) for f, s in loads if f >= BUSY]
   if len(quiet) < 2 or len(busy) < 2:
     return None
   (fq, sq), (fb, sb) = ((statistics.median(x) for x in zip(*group, strict=True)) for group in (quiet, busy))
