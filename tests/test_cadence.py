@@ -93,7 +93,7 @@ def test_once_windows_with_and_without_a_copy_show_what_copies_cost_the_loop_the
   assert lines == [
     "local tier: a copy every 64 steps from step 8 (a copy's work 0.40 s, 0.100 s per step); "
     "a lost host costs up to 64 steps",
-    "local tier: a copy every 8 steps from step 36 (a copy's work 0.40 s, 0.100 s per step; steps 1.0% "
+    "local tier: a copy every 8 steps from step 52 (a copy's work 0.40 s, 0.100 s per step; steps 1.0% "
     "slower beside a copy in flight for 1.00 s); a lost host costs up to 8 steps",
   ], lines
   assert due[-3:] == [80, 88, 96] and copies.every == 8

@@ -150,7 +150,7 @@ class LocalTier:
         del job  # The copy's host memory, freed before the next one is waited for.
         span = time.time() - self._saved_at
         self._spans.append(span)
-        self._busy_s, self._saved_at = self._busy_s + span, None
+        self._saved_at, self._busy_s = None, self._busy_s + span  # (Read unlocked: never counted twice.)
         self._idle.set()
 
   def _write(self, on_devices: list, finite_flags: list, record: dict, manifest: dict) -> None:
