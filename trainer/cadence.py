@@ -191,8 +191,10 @@ class CopyCadence(_Published):
     load = (min((busy_s - self._busy_s) / max(window_s, 1e-9), 1.0), own)
     self._unquiet = 0 if load[0] <= QUIET else self._unquiet + 1
     self._windows += 1
-    if self._windows > WARM_UP:
-      (self._quiet if load[0] <= QUIET else self._busy if load[0] >= BUSY else []).append(load)
+    if self._windows > WARM_UP and load[0] <= QUIET:
+      self._quiet.append(load)
+    elif self._windows > WARM_UP and load[0] >= BUSY:
+      self._busy.append(load)
     self._waited_s, self._busy_s, step_s = waited_s, busy_s, statistics.median(self._step_times)
     if self.adapts:
       slower = slowdown([*self._quiet, *self._busy])
@@ -206,8 +208,9 @@ class CopyCadence(_Published):
 
 # The share of the time between copies that a copy's work may take. Much of that work runs beside the
 # loop (writes, checksums, transfers), but not all of it: on a TPU v5e host a third of each copy's work
-# of the ~107M model came out of the loop's time (copies every 32 steps of 30 ms cost 13%), so a tenth
-# keeps the cost near 3% there (benchmarks/local_tier.py --accelerator --every=-1).
+# of the ~107M model came out of the loop's time (copies every 32 steps of 30 ms cost 13%, before the
+# transfers were paced), so a tenth kept the cost near 3% there (benchmarks/local_tier.py --accelerator
+# --every=-1). It decides until the cost is measured (slowdown).
 WORK_SHARE = 0.1
 # Measured instead (slowdown): the share of the loop's time copies may take, with room to spare for the
 # measurement's noise under the 3% the tiers are held to; and the room a copy's work needs between copies
@@ -224,8 +227,8 @@ def slowdown(loads) -> float | None:
   """How much slower a step runs while a copy is in flight, as a fraction of the steps' own pace, from
   (share of a window a copy was in flight, its seconds per step): the slope between the medians of the
   windows mostly without a copy (QUIET) and those mostly beside one (BUSY), two of each at least, or
-  None. Medians, not a least-squares line: one window slowed by something
-  else (a save, the host's other work) moves them little."""
+  None. Medians, not a least-squares line: one window slowed by something else (a save, the host's
+  other work) moves them little."""
   quiet = [(f, s) for f, s in loads if f <= QUIET]
   busy = [(f, s) for f, s in loads if f >= BUSY]
   if len(quiet) < 2 or len(busy) < 2:
