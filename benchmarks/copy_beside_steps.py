@@ -26,9 +26,9 @@ window after a copy ran at 0.0304 s per step against 0.0297 later (about 3 ms pe
 --write, 0.0315 against 0.0299 (6 ms per copy; --chunk_mib=64: 2.4 ms); the longest dispatch 1.5-2.7 ms
 throughout. (Those runs timed a copy's work from its dispatch, up to a step early.) In the tier's own loop
 (benchmarks/local_tier.py --accelerator --every=32 --timeline) the same window cost about 85 ms a copy. The
-same run with --order=idle: the copy's window 0.0367 against 0.0298 s per step, the chip waiting for the
-transfers queued before the next step; with --order=idle --paced, 0.0298. Hence the tier's pacing
-(checkpoint.local_pace_mib).
+same run with --order=idle: the window that ends with the copy (the loop waiting for its transfers to be
+queued) 0.0367 against 0.0298 s per step, with --order=idle --paced 0.0298 (windows 4-15 kept only). The
+tier's pacing (checkpoint.local_pace_mib) was then measured in its own loop: benchmarks/local_tier.py.
 """
 
 import argparse
