@@ -334,12 +334,15 @@ def test_the_device_copy_keeps_every_shard_in_buffers_of_its_own_and_comes_back_
   assert len(parts) == 9
 
 
-def test_a_paced_copy_starts_a_part_per_dispatched_step_and_the_rest_once_the_loop_waits(tmp_path):
+def test_a_paced_copy_starts_a_part_per_dispatched_step_and_never_waits_long_for_one(tmp_path, monkeypatch):
   """checkpoint.local_pace_mib: a copy's transfers start a part at a time, one per step the loop
   dispatches, steps dispatched together too (on a TPU a step dispatched behind a whole copy's transfers
-  waited for them); the loop's wait for the copy starts the rest at once."""
+  waited for them); the loop's wait for the copy starts the rest at once, and a loop that stops stepping
+  (a batch not ready, an evaluation) holds a copy back for PACE_WAIT_S at most: a kill there still
+  loses only the step in flight."""
   import jax.numpy as jnp
 
+  monkeypatch.setattr(local, "PACE_WAIT_S", 60.0)
   tier = local.LocalTier(str(tmp_path), "key", {}, link_timeout_s=1.0, pace_mib=1e-6)  # A part per leaf.
   parts, next_part = [], tier._next_part
   tier._next_part = lambda: (next_part(), parts.append(1))
@@ -364,4 +367,11 @@ def test_a_paced_copy_starts_a_part_per_dispatched_step_and_the_rest_once_the_lo
   assert len(parts) == 4 and sorted(local_copies.whole_copies(tier.own)) == [1]
   saved = tier.load(1, {0: {"own": [1], "held": {}, "other": 0}})[0]["shards"]
   assert {k: v[((0, 4),)].tolist() for k, v in saved.items()} == {k: [i] * 4 for i, k in enumerate("abcd")}
+  monkeypatch.setattr(local, "PACE_WAIT_S", 0.2)
+  tier.save(2, state, {"step": 2}, checked=True, finite_flags=[])
+  tier.release()
+  deadline = time.time() + 30
+  while 2 not in local_copies.whole_copies(tier.own) and time.time() < deadline:
+    time.sleep(0.05)
+  assert len(parts) == 8 and sorted(local_copies.whole_copies(tier.own)) == [1, 2]  # No step, no wait().
   tier.close(finished=True)

@@ -6,13 +6,14 @@ variables, EMA, optimizer state, RNG, step) on its devices, which the next step 
 goes on; the tier's writer thread waits for it, brings this process's shards to host memory with the
 data position and the config (`checkpoint.local_pace_mib` at a time, a part per step the loop dispatches,
 so that the transfers run beside steps queued before them: on a TPU a step dispatched behind a whole
-copy's transfers waited for them), frees the device copy, and writes the copy to `checkpoint.local_dir`
-(host-local, by default a folder under /dev/shm) and sends the same bytes to its partner, a process
-on another host where there is one, over the peer service (trainer/cluster/peers.py), which keeps it
-in its own local_dir. Both sides keep their newest three (KEEP). The next copy waits for the previous one's
-write: the loop never runs more than one copy ahead of what is whole on disk. A copy becomes whole only
-once the loop has released it, after the step's metrics row and evaluation are written: a resume truncates
-metrics.jsonl to the restored step, so a copy whole before its row would leave a hole in the history.
+copy's transfers waited for them; or after PACE_WAIT_S without a step), frees the device copy, and
+writes the copy to `checkpoint.local_dir` (host-local, by default a folder under /dev/shm) and sends the
+same bytes to its partner, a process on another host where there is one, over the peer service
+(trainer/cluster/peers.py), which keeps it in its own local_dir. Both sides keep their newest three
+(KEEP). The next copy waits for the previous one's write: the loop never runs more than one copy ahead
+of what is whole on disk. A copy becomes whole only once the loop has released it, after the step's
+metrics row and evaluation are written: a resume truncates metrics.jsonl to the restored step, so a copy
+whole before its row would leave a hole in the history.
 
 A copy on disk, whole or torn: trainer/checkpoint/local_copies.py.
 
@@ -45,6 +46,9 @@ from trainer.observe.metrics import console
 
 PUT, GET = 2, 3  # Peer-service message types (peers.PROBE is 1).
 _PEER_TIMEOUT_S = 120.0
+# How long a copy's next part waits for a step: a loop that is not stepping (taking a batch, evaluating,
+# saving) never holds a copy back longer, so a lost host still loses at most the step in flight.
+PACE_WAIT_S = 0.1
 
 
 class LocalTier:
@@ -126,13 +130,13 @@ class LocalTier:
     self._steps.release()
 
   def _next_part(self) -> None:
-    """Until a step dispatched since the copy is not yet spent on a part, unless the loop waits for the
-    copy. A part per step, not a part after each step: the loop dispatches a logging window's steps
-    together, then waits for them, so a part each time the writer finds a new step went one per window
-    and left most of the copy's transfers for the next copy's wait."""
+    """Until a step dispatched since the copy is not yet spent on a part, for PACE_WAIT_S at most, unless
+    the loop waits for the copy. A part per step, not a part after each step: the loop dispatches a
+    logging window's steps together, then waits for them, so a part each time the writer finds a new
+    step went one per window and left most of the copy's transfers for the next copy's wait."""
     started = time.time()
     if not self._rush.is_set():
-      self._steps.acquire()  # wait() releases it too.
+      self._steps.acquire(timeout=PACE_WAIT_S)  # wait() releases it too.
     self._paced_s += time.time() - started
 
   def release(self) -> None:

@@ -187,7 +187,8 @@ KEYS = {
     "A local-tier copy is brought to host memory this many MiB at a time, a part per step the loop "
     "dispatches, so that its transfers run beside the steps (on a TPU a step dispatched behind a whole "
     "copy's transfers waited for them); 0: all at once. A copy then takes about its size / this steps, "
-    "unless the loop waits for it (the next copy, the run's end).",
+    "unless the loop waits for it (the next copy, the run's end) or takes no step for 0.1 s (a part goes "
+    "then: a stalled loop never holds a copy back).",
   ),
   "checkpoint.local_dir": Key(
     "",
