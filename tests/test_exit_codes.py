@@ -85,9 +85,10 @@ def test_workspace_tables_agree_with_the_exit_code_table():
   other = exit_codes.OTHER
   assert rows == [*expected, ["other", other.name, "yes" if other.restart else "no", other.hint]]
   # Each fault's exit codes are the table's, and its "restarted" cell says what the first one's row does.
-  faults = _markdown_rows(text, "| fault | where | what happens | exit | restarted |")
+  faults = _markdown_rows(text, "| fault | where | what happens | exit | restarted | work lost |")
   assert len(faults) > 10
-  for fault, _, _, exit_cell, restarted in faults:
+  for fault, _, _, exit_cell, restarted, lost in faults:
+    assert lost, fault  # Each fault says how much work it costs.
     codes = [int(c) for c in re.findall(r"(?<![\w-])\d+", exit_cell)]
     assert all(c in exit_codes.BY_CODE or c == exit_codes.FAILED_EXIT for c in codes), fault
     if codes:
