@@ -27,12 +27,12 @@ def model_flops_per_example(config, param_count: int) -> float:
 def inspect_notes(config, mesh_shape: dict) -> list[str]:
   """The attention implementation this mesh compiles, and how a split sequence is attended."""
   m, n, c = config.model, config.data.seq_len, mesh_shape.get("context", 1)
-  impl = implementation(m.attention, m.compute_dtype, c)
+  impl = implementation(m.attention, m.compute_dtype, c, n)
   if impl != "flash":
     scores = "[B, H, L, L] scores" if impl in ("einsum", "xla") else "fused, no score array"
     return [f"attention: {impl} ({scores}, L = {n})"]
   chunk = n // (2 * c)
-  tile = flash.block_size(chunk, m.attention_block)
+  tile = flash.block_size(chunk, m.attention_block or flash.BLOCK)
   how = f"context {c} by {m.context_attention}: " if c > 1 else "no context axis: "
   return [
     f"attention: flash (model/flash.py), {how}each device holds chunks of {chunk} tokens, early and "

@@ -21,7 +21,7 @@ from errors import UserError
 from experiments._lm_costs import inspect_notes as inspect_notes
 from experiments._lm_costs import model_flops_per_example as model_flops_per_example
 from experiments._lm_costs import routed_bytes_per_example as routed_bytes_per_example
-from model import hf_llama, hf_read, losses
+from model import hf_llama, hf_read, losses, splash
 from model.layers import RopeScaling
 from model.transformer import Decoder
 
@@ -52,6 +52,10 @@ def check_config(config) -> None:
     )
   if m.attention == "cudnn" and jax.default_backend() != "gpu":
     raise UserError(f"model.attention='cudnn' needs GPUs (this run has {jax.default_backend()}): use 'xla'")
+  if m.attention == "splash" and config.data.seq_len % splash.LANE:
+    raise UserError(
+      f"model.attention='splash' needs data.seq_len a multiple of {splash.LANE}: got {config.data.seq_len}"
+    )
   d = config.data
   if d.eval_tasks and d.source == "synthetic":
     raise UserError("data.eval_tasks needs text data with a tokenizer: the synthetic source has none")

@@ -86,12 +86,13 @@ KEYS = {
   ),
   "model.norm_eps": Key(1e-6, real(0.0, low_open=True), keys.MODEL, "RMSNorm's epsilon."),
   "model.attention": Key(
-    "einsum",
-    one_of("einsum", "flash", "xla", "cudnn", "auto"),
+    "auto",
+    one_of("einsum", "flash", "splash", "xla", "cudnn", "auto"),
     keys.MODEL,
-    "'einsum' (explicit, [B, H, L, L] scores), 'flash' (key/value blocks, no [L, L] array; needed by "
-    "mesh.context > 1), or jax.nn.dot_product_attention: 'xla', 'cudnn' (GPUs), or 'auto' (flash under "
-    "a context axis, else cuDNN on GPUs in bfloat16, else XLA). model/layers.py ATTENTION.",
+    "'auto': the fastest correct kernel where the run is (flash under mesh.context > 1, splash on TPUs, "
+    "cuDNN on GPUs in bfloat16, else einsum); 'einsum' ([B, H, L, L] scores), 'flash' (key/value "
+    "blocks, no [L, L] array), 'splash' (JAX's Pallas TPU kernel; interpreted elsewhere, slowly), "
+    "'xla' or 'cudnn' (jax.nn.dot_product_attention). model/layers.py ATTENTION.",
   ),
   "model.context_attention": Key(
     "ring",
@@ -101,11 +102,12 @@ KEYS = {
     "context), 'all_gather' gathers them all once per layer (memory ~ L for K and V). model/context.py.",
   ),
   "model.attention_block": Key(
-    512,
-    whole(1),
+    0,
+    whole(0),
     keys.FREE,
-    "'flash': queries and keys per tile (the largest divisor of each chunk's length up to this); the "
-    "scores of one [block, block] tile exist at a time.",
+    "'flash' and 'splash': queries and keys per tile, the largest divisor of each chunk's length up to "
+    "this (splash: a multiple of 128); 0: by kernel (flash 512, splash 1024). The scores of one "
+    "[block, block] tile exist at a time.",
   ),
   "model.qk_norm": Key(
     False,

@@ -111,7 +111,7 @@ def _local(q, k, v, pos, seg, *, axes, c, strategy, block):
   return jnp.concatenate([acc[0][0], acc[1][0]], axis=1).astype(q.dtype)
 
 
-def attention(q, k, v, positions, segment_ids, *, strategy: str = "ring", block: int = 512):
+def attention(q, k, v, positions, segment_ids, *, strategy: str = "ring", block: int = flash.BLOCK):
   """Causal attention within segments of q [B, L, H, K] on k, v [B, L, G, K] held in `balanced_order`
   for the installed context size; positions and segment_ids [B, L] int. Returns [B, L, H, K]."""
   if strategy not in STRATEGIES:

@@ -17,6 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+BLOCK = 512  # Queries and keys per tile unless the caller says (model.attention_block 0).
 NEG = -1e30  # The log-sum-exp of a query that sees no key in a set: its weight in `merge` is 0.
 
 
@@ -137,7 +138,7 @@ def _attend_bwd(block, res, grads):
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-def attend(q, k, v, q_pos, k_pos, q_seg, k_seg, *, block: int = 512):
+def attend(q, k, v, q_pos, k_pos, q_seg, k_seg, *, block: int = BLOCK):
   """Causal attention of queries q [B, Q, H, K] on keys and values [B, S, G, K] within segments:
   (out [B, Q, H, K], lse [B, Q, H]), float32. Positions and segment ids are int [B, Q] / [B, S]."""
   b, n, h, d = q.shape

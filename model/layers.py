@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from model import context
+from model import context, flash, splash
 from model.partitioning import constrain
 
 _init = nnx.initializers
@@ -73,22 +73,30 @@ def rope(x, positions, freq: np.ndarray):
 
 # How attention is computed: 'einsum' (below, explicit: [B, H, L, L] scores), 'flash' (model/flash.py:
 # key/value blocks, no [L, L] array; the only one that can split the sequence over the `context` axis),
-# or jax.nn.dot_product_attention with XLA's implementation ('xla') or cuDNN's fused flash attention
-# ('cudnn', GPUs only), or 'auto': flash under a context axis, else cuDNN on GPUs in bfloat16/float16,
-# else XLA (one recipe for the cluster and the laptop that inspects it). All of them take scores and
-# softmax in float32.
-ATTENTION = ("einsum", "flash", "xla", "cudnn", "auto")
+# 'splash' (model/splash.py: JAX's Pallas kernel for TPUs, interpreted elsewhere), or
+# jax.nn.dot_product_attention with XLA's implementation ('xla') or cuDNN's fused flash attention
+# ('cudnn', GPUs only), or 'auto': the fastest correct one where the run is (`implementation`). All of
+# them take scores and softmax in float32.
+ATTENTION = ("einsum", "flash", "splash", "xla", "cudnn", "auto")
 
 
-def implementation(impl: str, dtype, context_size: int | None = None) -> str:
-  """The implementation `impl` compiles to with the sequence split `context_size` ways (None: as the
-  installed mesh and rules split it)."""
+def implementation(impl: str, dtype, context_size: int | None = None, length: int | None = None) -> str:
+  """The implementation `impl` compiles to for sequences of `length` (None: any the kernels take) split
+  `context_size` ways (None: as the installed mesh and rules split it). 'auto': flash under a context
+  axis; on TPUs splash from splash.MIN_LENGTH tokens on (a multiple of its tiles), else einsum; on GPUs
+  cuDNN in bfloat16/float16, else XLA's; on CPUs einsum (XLA's and flash within a few percent of it on
+  the smoke model: benchmarks/attention_kernels.py)."""
   if impl != "auto":
     return impl
   if (context.context_size() if context_size is None else context_size) > 1:
     return "flash"
-  fused = jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-  return "cudnn" if fused else "xla"
+  backend = jax.default_backend()
+  if backend == "tpu":
+    fits = length is None or (splash.supports(length) and length >= splash.MIN_LENGTH)
+    return "splash" if fits else "einsum"
+  if backend == "gpu":
+    return "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
+  return "einsum"
 
 
 class Attention(nnx.Module):
@@ -110,7 +118,7 @@ class Attention(nnx.Module):
     qk_norm: bool = False,
     norm_eps: float = 1e-6,
     context_attention: str = "ring",
-    block: int = 512,
+    block: int = 0,
     rngs: nnx.Rngs,
   ):
     head_dim, kv_heads = head_dim or dim // num_heads, num_kv_heads or num_heads
@@ -147,14 +155,21 @@ class Attention(nnx.Module):
     if positions is not None:
       freq = rope_frequencies(q.shape[-1], self.rope_base, self.rope_scaling)
       q, k = rope(q, positions, freq), rope(k, positions, freq)
-    impl = implementation(self.impl, dt)
+    impl = implementation(self.impl, dt, length=q.shape[1])
     if context.context_size() > 1 and impl != "flash":
       raise ValueError(f"attention {impl!r} cannot split the sequence over the context axis: use 'flash'")
     if impl == "flash":
       if not causal or positions is None:
         raise ValueError("'flash' attention is causal and needs positions")
       seg = jnp.zeros_like(positions) if segment_ids is None else segment_ids
-      out = context.attention(q, k, v, positions, seg, strategy=self.context_attention, block=self.block)
+      block = self.block or flash.BLOCK
+      out = context.attention(q, k, v, positions, seg, strategy=self.context_attention, block=block)
+      return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))
+    if impl == "splash":
+      if not causal or mask is not None and segment_ids is None:
+        raise ValueError("'splash' attention is causal within segment_ids; it takes no mask array")
+      seg = jnp.zeros(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids
+      out = splash.attention(q, k, v, seg, block=self.block or splash.MAX_BLOCK)
       return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))
     if impl != "einsum":
       out = jax.nn.dot_product_attention(

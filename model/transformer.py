@@ -74,7 +74,7 @@ class Decoder(nnx.Module):
     rope_scaling: RopeScaling | None = None,
     attention: str = "einsum",
     context_attention: str = "ring",
-    attention_block: int = 512,
+    attention_block: int = 0,
     qk_norm: bool = False,
     scan_layers: bool = False,
     remat: str = "none",
@@ -157,7 +157,8 @@ class Decoder(nnx.Module):
     """Tokens [B, L] -> (hidden states [B, L, D], the MoE layers' auxiliary sums added up, model/moe.py,
     over the tokens of `token_mask` [B, L] (None: all); None without MoE layers)."""
     b, n = tokens.shape
-    flash = implementation(self.attention, self.compute_dtype) == "flash"
+    impl = implementation(self.attention, self.compute_dtype, length=n)
+    flash = impl == "flash"
     mask, order = None, None  # None: plain causal attention, which fused kernels do without a mask array.
     packed = positions is not None or segment_ids is not None
     positions = jnp.broadcast_to(jnp.arange(n), (b, n)) if positions is None else positions
@@ -170,7 +171,7 @@ class Decoder(nnx.Module):
           jnp.take(a, order, axis=1) for a in (tokens, positions, segment_ids)
         )
         token_mask = None if token_mask is None else jnp.take(token_mask, order, axis=1)
-    elif packed:  # Attend only within the document: a [B, L, L] mask.
+    elif packed and impl != "splash":  # Attend only within the document: a [B, L, L] mask.
       mask = positions[:, :, None] >= positions[:, None, :]
       if segment_ids is not None:
         mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
