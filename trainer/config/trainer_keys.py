@@ -126,7 +126,13 @@ KEYS = {
   "data.worker_processes": Key(
     0, whole(0), keys.FREE, "Grain worker processes preparing batches (0: reader threads only)."
   ),
-  "data.read_threads": Key(2, whole(0), keys.FREE, "Host threads that prepare batches ahead of the device."),
+  "data.read_threads": Key(
+    0,
+    whole(0),
+    keys.FREE,
+    "Grain reader threads preparing batches; 0: the thread that puts batches on the devices reads them "
+    "too (on the TPU v5e reader threads slowed every dispatch: WORKSPACE 'Run on a TPU').",
+  ),
   "data.prefetch": Key(2, whole(1), keys.FREE, "Batches prepared ahead of the one being trained on."),
   # The experiment adds its model's keys (sizes, ...).
   "model.compute_dtype": Key(
