@@ -11,7 +11,7 @@ across hosts if mesh.dcn_data is set to the number of hosts.
 Model: d_model 768, 12 scanned layers, 12 query / 4 key-value heads of 64, SwiGLU 2048, RoPE, bf16
 compute with fp32 params, vocabulary 32,768, untied (76M parameters with the 512 of byte-level data).
 Expect: per device on 8 devices (an estimate, from an ahead-of-time compile on 8 logical CPUs with
-the einsum attention `auto` picks there; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
+einsum attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
 gathers prefetch): params 63.0 MB + optimizer 126.0 MB, compiled step 33.0 GB on jax 0.12.0.1
 (arguments 0.19 GB, temporaries 32.6 GB: the einsum holds [32, 12, 2048, 2048] scores that
 cuDNN's kernel does not; and a second state for the recompute check).

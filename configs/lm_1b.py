@@ -13,7 +13,7 @@ Model: d_model 2048, 16 scanned layers, 32 query / 8 key-value heads of 64, SwiG
 looked up unscaled, bf16 compute with fp32 params; the loss takes the logits
 512 positions at a time (model.loss_chunk), never [batch, 2048, 128256] float32 at once.
 Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
-the einsum attention `auto` picks there; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
+einsum attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
 gathers prefetch): params 77.5 MB + optimizer 155.0 MB (total/64: 77.2 + 154.5; the norm scales
 stay whole), compiled step 15.5 GB (arguments 0.23 GB, temporaries 15.0 GB, a second state for the
 recompute check; jax 0.12.0.1). Tokens/s and MFU on

@@ -13,7 +13,7 @@ Model: d_model 4096, 32 scanned layers, 32 query / 8 key-value heads of 128, Swi
 compute with fp32 params, full remat (each layer's input kept, the rest recomputed), the loss taking
 the logits 256 positions at a time.
 Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
-the einsum attention `auto` picks there; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
+einsum attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
 gathers prefetch): params 0.50 GB + optimizer 1.01 GB, compiled step 40.7 GB on jax 0.12.0.1
 (arguments 1.5 GB, temporaries 37.7 GB, a second state for the recompute check), under an H100's
 80 GB. Nothing measured on GPUs yet.

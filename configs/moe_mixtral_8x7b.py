@@ -18,7 +18,7 @@ params, full remat, the loss taking the logits 512 positions at a time. A fine-t
 weights should route as Mixtral did (model.moe.capacity_factor >= 4, i.e. experts / top_k, or
 routing=dropless on one expert shard): capacity 1.25 drops tokens Mixtral's router sends.
 Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
-the einsum attention `auto` picks there; GPUs add NCCL and cuDNN buffers): params 3.62 GB + optimizer 7.24 GB (each expert's
+einsum attention; GPUs add NCCL and cuDNN buffers): params 3.62 GB + optimizer 7.24 GB (each expert's
 weights over fsdp 8 on its expert's devices), compiled step 59.4 GB on jax 0.12.0.1 (arguments 10.9 GB,
 temporaries 37.7 GB, a second state for the recompute check), under an H100's 80 GB. Model FLOPs
 8.7e16 per step (active parameters only). The routed tokens' all-to-alls send 113 GB per device per

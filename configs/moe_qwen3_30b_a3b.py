@@ -17,7 +17,7 @@ compute with fp32 params, full remat, the loss taking the logits 256 positions a
 of Qwen3's own weights should route as it did (model.moe.capacity_factor >= 16, i.e. experts / top_k,
 or routing=dropless on one expert shard): capacity 1.25 drops tokens its router sends.
 Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
-the einsum attention `auto` picks there; GPUs add NCCL and cuDNN buffers): params 2.58 GB + optimizer 5.17 GB, compiled step
+einsum attention; GPUs add NCCL and cuDNN buffers): params 2.58 GB + optimizer 5.17 GB, compiled step
 53.2 GB on jax 0.12.0.1 (arguments 7.8 GB, temporaries 37.7 GB, a second state for the recompute
 check), under an H100's 80 GB. Model FLOPs 2.9e16 per step (active parameters only). The routed
 tokens' all-to-alls send 338 GB per device per step (128 experts x 320 slots x 2048 per sequence and
