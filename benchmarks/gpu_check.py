@@ -1,7 +1,8 @@
-"""The first checks on an NVIDIA GPU, one table: run by benchmarks/gpu_check.sh (which finds the Python and
-the packages); `--allow_cpu` runs the same code on CPU at toy sizes (tests/test_gpu_check.py).
+"""The first checks on an NVIDIA GPU or a TPU, one table: run by benchmarks/gpu_check.sh (which finds the
+Python and the packages); `--allow_cpu` runs the same code on CPU at toy sizes (tests/test_gpu_check.py).
 
-  attention     cuDNN's fused attention against XLA's, forward values, bf16 causal GQA
+  attention     the fused kernel `auto` picks (cuDNN's on GPUs, Pallas splash on TPUs) against XLA's,
+                forward values, bf16 causal GQA
   bf16_vs_fp32  the same 50 training steps in bf16 and float32 compute: the final losses' gap
   memory        the step's peak device memory against inspect's compiled estimate
   transfer      the loop's transfer guard holds on the device (a host copy inside it raises)
@@ -17,9 +18,9 @@ the packages); `--allow_cpu` runs the same code on CPU at toy sizes (tests/test_
                 every expert on every token in float32; bf16 tokens/s against capacity and every-expert
 
 Each row says what was measured, the bound it is held to, and ok or FAIL; the exit code is 1 when a row
-failed. Bounds: cuDNN's largest error against float32 attention at most twice XLA's bf16 one; bf16's final
-loss within 2% of float32's; peak memory within 1.25x of the estimate plus 256 MiB (cuDNN and
-allocator buffers inspect does not see); restore bitwise.
+failed. Bounds: the fused kernel's largest error against float32 attention at most twice XLA's bf16 one;
+bf16's final loss within 2% of float32's; peak memory within 1.25x of the estimate plus 256 MiB (cuDNN
+and allocator buffers inspect does not see); restore bitwise.
 """
 
 import argparse
@@ -41,11 +42,16 @@ def row(check: str, figure: str, bound: str, ok: bool) -> None:
   print(f"  {check}: {figure} ({'ok' if ok else 'FAIL'})", flush=True)
 
 
-def check_attention(gpu: bool) -> None:
+def check_attention(full: bool) -> None:
+  """The fused kernel `model.attention=auto` picks on this platform against XLA's bf16 attention, both
+  off XLA's float32 one: cuDNN's on GPUs, the Pallas splash kernel on TPUs (on CPU: interpreted, at
+  toy sizes, so its path is exercised where no TPU is)."""
   import jax
   import jax.numpy as jnp
 
-  b, t, heads, kv_heads, d = (4, 2048, 12, 4, 64) if gpu else (1, 64, 4, 2, 16)
+  from model import splash
+
+  b, t, heads, kv_heads, d = (4, 2048, 12, 4, 64) if full else (1, 128, 4, 2, 16)
   kq, kk, kv = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(kq, (b, t, heads, d), jnp.bfloat16)
   k = jax.random.normal(kk, (b, t, kv_heads, d), jnp.bfloat16)
@@ -53,24 +59,31 @@ def check_attention(gpu: bool) -> None:
   attend = lambda impl: jax.jit(
     lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
   )
-  # Both bf16 implementations against XLA's in float32 on the same inputs: cuDNN's error may be a few
-  # bf16 roundings, as XLA's own bf16 path is, not more.
+  # Both bf16 implementations against XLA's in float32 on the same inputs: the fused kernel's error may
+  # be a few bf16 roundings, as XLA's own bf16 path is, not more.
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
   exact = attend("xla")(*f32)
-  error = lambda impl: float(jnp.max(jnp.abs(attend(impl)(q, k, v).astype(jnp.float32) - exact)))
-  xla = error("xla")
-  if not gpu:
-    return row("attention", f"XLA bf16 off float32 by {xla:.1e}; cuDNN needs a GPU: not run", "-", True)
-  cudnn = error("cudnn")
-  figure = f"max error vs float32: cuDNN {cudnn:.1e}, XLA bf16 {xla:.1e} ({b}x{t}x{heads}x{d}, causal, GQA)"
-  row("attention", figure, "cuDNN <= 2x XLA's + 1e-3", cudnn <= 2 * xla + 1e-3)
+  error = lambda fn: float(jnp.max(jnp.abs(fn(q, k, v).astype(jnp.float32) - exact)))
+  xla = error(attend("xla"))
+  if jax.default_backend() == "gpu":
+    name, fused = "cuDNN", error(attend("cudnn"))
+  else:
+    seg = jnp.zeros((b, t), jnp.int32)
+    name, fused = "splash", error(jax.jit(lambda q, k, v: splash.attention(q, k, v, seg)))
+  figure = f"max error vs float32: {name} {fused:.1e}, XLA bf16 {xla:.1e} ({b}x{t}x{heads}x{d}, causal, GQA)"
+  row(
+    "attention",
+    figure + ("" if full else " (interpreted)"),
+    f"{name} <= 2x XLA's + 1e-3",
+    fused <= 2 * xla + 1e-3,
+  )
 
 
-def _smoke_config(gpu: bool, steps: int, dtype: str):
+def _smoke_config(full: bool, steps: int, dtype: str):
   """configs/smoke_cpu.py's LM (557k parameters) on one device; on CPU its `:tiny` sizes."""
   from configs import smoke_cpu
 
-  config = smoke_cpu.get_config(None if gpu else "tiny")
+  config = smoke_cpu.get_config(None if full else "tiny")
   config.steps = steps
   config.log_every = 10
   config.eval_every = config.eval_steps = 0
@@ -92,10 +105,10 @@ def _train(config) -> tuple[dict, list[dict]]:
   return summary, rows
 
 
-def check_bf16(gpu: bool) -> None:
-  steps = 50 if gpu else 4
-  fp32, _ = _train(_smoke_config(gpu, steps, "float32"))
-  bf16, _ = _train(_smoke_config(gpu, steps, "bfloat16"))
+def check_bf16(full: bool) -> None:
+  steps = 50 if full else 4
+  fp32, _ = _train(_smoke_config(full, steps, "float32"))
+  bf16, _ = _train(_smoke_config(full, steps, "bfloat16"))
   gap = (bf16["final_loss"] - fp32["final_loss"]) / fp32["final_loss"]
   figure = (
     f"loss at step {steps}: bf16 {bf16['final_loss']:.4f}, fp32 {fp32['final_loss']:.4f} ({100 * gap:+.2f}%)"
@@ -103,7 +116,7 @@ def check_bf16(gpu: bool) -> None:
   row("bf16_vs_fp32", figure, "gap within 2%", abs(gap) <= 0.02)
 
 
-def check_transfer(gpu: bool) -> None:
+def check_transfer(full: bool) -> None:
   """The guard the loop steps under (trainer/train.py) must refuse a device-to-host copy on a GPU, or
   the loop's promise of no hidden syncs is unchecked there (XLA:CPU ignores the guard)."""
   import jax
@@ -118,27 +131,27 @@ def check_transfer(gpu: bool) -> None:
     except Exception:  # noqa: BLE001 - JAX raises its runtime error type.
       refused = True
   figure = f"a host copy under the loop's guard is {'refused' if refused else 'allowed'}"
-  row("transfer", figure + ("" if gpu else " (XLA:CPU)"), "refused" if gpu else "-", refused or not gpu)
+  row("transfer", figure + ("" if full else " (XLA:CPU)"), "refused" if full else "-", refused or not full)
 
 
-def _lm_125m(gpu: bool):
+def _lm_125m(full: bool):
   """configs/lm_125m.py on synthetic data, at one GPU's share of its batch (on CPU: its `:tiny`)."""
   from configs import lm_125m
 
-  config = lm_125m.get_config(None if gpu else "tiny")
+  config = lm_125m.get_config(None if full else "tiny")
   config.data.source = "synthetic"  # Its 64-token chain: the model's 32k softmax still runs in full.
   config.data.packing = False  # Synthetic records are not documents.
-  config.steps = 40 if gpu else 3
-  config.log_every = 10 if gpu else 1
+  config.steps = 40 if full else 3
+  config.log_every = 10 if full else 1
   config.eval_every = config.eval_steps = 0
   config.checkpoint.every = config.steps
   config.checks.replica_every = 0
-  if gpu:
+  if full:
     config.global_batch_size = 16  # 32k tokens per step.
   return config
 
 
-def check_checkpoint(gpu: bool) -> None:
+def check_checkpoint(full: bool) -> None:
   import jax
   import numpy as np
 
@@ -146,7 +159,7 @@ def check_checkpoint(gpu: bool) -> None:
   from trainer import state as state_lib
   from trainer.checkpoint import store
 
-  config = _lm_125m(gpu)
+  config = _lm_125m(full)
   comp = components.build(config)
   state = components.fresh_state(comp, config)
   jax.block_until_ready(state)
@@ -170,7 +183,7 @@ def check_checkpoint(gpu: bool) -> None:
   row("checkpoint", figure, "restored bitwise", same)
 
 
-def _step_twice(gpu: bool) -> tuple[int, int, str]:
+def _step_twice(full: bool) -> tuple[int, int, str]:
   """(differing leaves, leaves, the first that differs) of lm_125m's real train step (the loop's:
   microbatches, optimizer update, donation) run twice from copies of one state and batch."""
   import jax
@@ -182,7 +195,7 @@ def _step_twice(gpu: bool) -> tuple[int, int, str]:
   from trainer.checks import replicas
   from trainer.step import make_train_step
 
-  config = _lm_125m(gpu)
+  config = _lm_125m(full)
   comp = components.build(config)
   state = components.fresh_state(comp, config)
   b = config.global_batch_size
@@ -198,17 +211,17 @@ def _step_twice(gpu: bool) -> tuple[int, int, str]:
   return len(differ), len(runs[0]), (differ or [""])[0]
 
 
-def check_recompute(gpu: bool) -> None:
+def check_recompute(full: bool) -> None:
   """The recompute check rotates shards between a host's devices and asks for equal bits; one GPU
   has nothing to rotate, but the bits must first be equal on the same device. The trainer's default
   is deterministic kernels (trainer/cluster/runtime.py); a child without them says what they cost."""
   import subprocess
 
-  differ, leaves, first = _step_twice(gpu)
+  differ, leaves, first = _step_twice(full)
   figure = f"lm_125m's step twice on one device: {differ} of {leaves} leaves differ"
   figure += f" (first: {first})" if differ else ""
   r = subprocess.run(
-    [sys.executable, __file__, "--nondeterministic_child"] + (["--allow_cpu"] if not gpu else []),
+    [sys.executable, __file__, "--nondeterministic_child"] + (["--allow_cpu"] if not full else []),
     env={**os.environ, "XLA_FLAGS": XLA_FLAGS_GIVEN},  # XLA's defaults.
     capture_output=True,
     text=True,
@@ -224,26 +237,26 @@ def check_recompute(gpu: bool) -> None:
   row("recompute", figure, "bitwise", differ == 0)
 
 
-def check_moe_dropless(gpu: bool) -> None:
-  row(*gpu_check_layers.moe_dropless(gpu))
+def check_moe_dropless(full: bool) -> None:
+  row(*gpu_check_layers.moe_dropless(full))
 
 
-def check_flash(gpu: bool) -> None:
-  row(*gpu_check_layers.flash(gpu))
+def check_flash(full: bool) -> None:
+  row(*gpu_check_layers.flash(full))
 
 
 XLA_FLAGS_GIVEN = os.environ.get("XLA_FLAGS", "")  # Before the trainer's own are added.
 TOKENS = []  # lm_125m's tokens/s in this process (deterministic kernels), for the recompute row's ratio.
 
 
-def check_lm_125m(gpu: bool) -> None:
+def check_lm_125m(full: bool) -> None:
   """Tokens/s and MFU of lm_125m, and the process's peak device memory against inspect's estimate of
   the same step (run last: the peak is the process's, and this step is its largest)."""
   import jax
 
   from trainer.modes import inspect
 
-  config = _lm_125m(gpu)
+  config = _lm_125m(full)
   estimate = inspect.report(config)["compiled"]["memory_per_device"]["total"]
   summary, rows = _train(config)
   tokens = statistics.median(r["tokens_per_s"] for r in rows[1:] or rows)  # The first window compiles.
@@ -262,7 +275,7 @@ def check_lm_125m(gpu: bool) -> None:
       "memory",
       f"inspect's estimate {estimate / 2**30:.2f} GiB; no peak on {jax.default_backend()}",
       "-",
-      not gpu,
+      not full,
     )
   ok = peak <= 1.25 * estimate + 2**28
   row(
@@ -288,13 +301,13 @@ def main() -> int:
   from absl import logging
 
   logging.set_verbosity(logging.WARNING)
-  gpu = jax.default_backend() == "gpu"
-  if not gpu and not args.allow_cpu:
-    print(f"gpu_check: no GPU here (JAX's backend is {jax.default_backend()}): nothing to check")
+  full = jax.default_backend() in ("gpu", "tpu")  # On CPU (--allow_cpu): toy sizes.
+  if not full and not args.allow_cpu:
+    print(f"gpu_check: no GPU or TPU here (JAX's backend is {jax.default_backend()}): nothing to check")
     return 0
   if args.nondeterministic_child:
-    differ, _, _ = _step_twice(gpu)
-    _, rows = _train(_lm_125m(gpu))
+    differ, _, _ = _step_twice(full)
+    _, rows = _train(_lm_125m(full))
     tokens = statistics.median(r["tokens_per_s"] for r in rows[1:] or rows)
     print(json.dumps({"differ": differ, "tokens_per_s": tokens}))
     return 0
@@ -316,7 +329,7 @@ def main() -> int:
   )
   for check in checks:
     try:
-      check(gpu)
+      check(full)
     except Exception as e:  # noqa: BLE001 - one failed check is a FAIL row; the others still run.
       row(
         check.__name__.removeprefix("check_"),

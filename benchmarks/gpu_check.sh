@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first checks on a machine with one NVIDIA GPU, in one table (benchmarks/gpu_check.py says what each
+# The first checks on a machine with one NVIDIA GPU or TPU, in one table (benchmarks/gpu_check.py says what each
 # row checks and the bound it is held to); exits 1 when a check failed. On a machine without a GPU it
 # says so in one line and exits 0.
 #
@@ -29,8 +29,10 @@ if [ "${1:-}" = --wheels ]; then
   exit 0
 fi
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu_check: no NVIDIA GPU on this machine (nvidia-smi finds none): nothing to check"
+# A TPU VM shows its chips as /dev/accel* (v4, v5e, v5p) or /dev/vfio/* (v6e).
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; } \
+  && ! ls /dev/accel* >/dev/null 2>&1 && ! ls /dev/vfio/[0-9]* >/dev/null 2>&1; then
+  echo "gpu_check: no NVIDIA GPU on this machine (nvidia-smi finds none) and no TPU: nothing to check"
   exit 0
 fi
 py=.venv/bin/python
