@@ -159,6 +159,13 @@ KEYS = {
   "optimizer.weight_decay": Key(
     0.1, real(0.0), keys.OPTIMIZER, "Decoupled weight decay on matrices (not on norms or biases)."
   ),
+  "optimizer.moments_dtype": Key(
+    "float32",
+    one_of("float32", "bfloat16"),
+    keys.OPTIMIZER,
+    "AdamW's two moments: 'float32', or 'bfloat16' (half the optimizer's memory; computed in float32 "
+    "each step; with b2 near 1 the second moment's increments fall below bfloat16's resolution).",
+  ),
   "optimizer.grad_clip_norm": Key(
     1.0, real(0.0), keys.OPTIMIZER, "Clip the global gradient norm to this (0: no clipping)."
   ),
