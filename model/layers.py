@@ -156,6 +156,8 @@ class Attention(nnx.Module):
       freq = rope_frequencies(q.shape[-1], self.rope_base, self.rope_scaling)
       q, k = rope(q, positions, freq), rope(k, positions, freq)
     impl = implementation(self.impl, dt, length=q.shape[1])
+    if self.impl == "auto" and not causal and impl in ("flash", "splash"):  # Both kernels are causal.
+      impl = "einsum"
     if context.context_size() > 1 and impl != "flash":
       raise ValueError(f"attention {impl!r} cannot split the sequence over the context axis: use 'flash'")
     if impl == "flash":

@@ -7,8 +7,8 @@ segment ids that keep packed documents apart; it is vmapped over the batch and, 
 device in a shard_map over the batch and heads axes (a Pallas call is not partitioned by XLA).
 
 Its tile sizes decide its speed: the kernel's own default (128) is several times slower at L = 2048
-than 512-tiles on the TPU v5e. `block_sizes` picks them from the sequence length by the table that
-benchmarks/attention_kernels.py measures.
+than 512-tiles on the TPU v5e. `block_sizes` picks one from the sequence length, up to MAX_BLOCK
+(benchmarks/attention_kernels.py measures the candidates).
 
 Shapes: B batch, L sequence, H query heads, G key/value heads, K head dim.
 """
@@ -30,10 +30,8 @@ LANE = 128
 # multiple of 128 dividing L, up to this (the fastest of 256-2,048 at L = 2,048 on the TPU v5e:
 # benchmarks/attention_kernels.py).
 MAX_BLOCK = 1024
-
-
 # 'auto' picks the kernel from this length on: below it the explicit einsum was faster on the TPU v5e
-# (benchmarks/attention_kernels.py at 128 and 2,048 tokens).
+# (benchmarks/attention_kernels.py from 128 to 2,048 tokens).
 MIN_LENGTH = 512
 
 

@@ -98,3 +98,13 @@ def test_a_sequence_the_tiles_cannot_cover_gets_one_line(tmp_path):
     .splitlines()[-1]
     .startswith("error: model.attention='splash' needs data.seq_len a multiple of 128: got 200")
   )
+
+
+def test_auto_keeps_bidirectional_attention_off_the_causal_kernels(monkeypatch):
+  """A ViT's attention (causal=False) with 'auto' on a TPU: the einsum, not the causal splash kernel."""
+  monkeypatch.setattr(layers.jax, "default_backend", lambda: "tpu")
+  x = jax.random.normal(jax.random.PRNGKey(0), (1, 512, 16))
+  with nnx.use_eager_sharding(False):
+    auto = layers.Attention(16, 2, impl="auto", rngs=nnx.Rngs(0))
+    einsum = layers.Attention(16, 2, impl="einsum", rngs=nnx.Rngs(0))
+  assert jnp.array_equal(auto(x), einsum(x))
