@@ -65,10 +65,15 @@ def check_config(config) -> None:
       "the context takes the rest"
     )
   context = config.mesh.context
-  if context != 1 and m.attention not in ("flash", "auto"):
+  if context != 1 and m.attention not in ("flash", "splash", "auto"):
     raise UserError(
-      f"mesh.context={context} splits the sequence, which only model.attention='flash' (or 'auto') "
-      f"attends across: got {m.attention!r}"
+      f"mesh.context={context} splits the sequence, which only model.attention='flash', 'splash' (or "
+      f"'auto') attends across: got {m.attention!r}"
+    )
+  if context > 1 and m.attention == "splash" and config.data.seq_len % (2 * context * splash.LANE):
+    raise UserError(
+      f"model.attention='splash' over mesh.context={context} needs data.seq_len a multiple of "
+      f"{2 * context * splash.LANE}: each device's two chunks a multiple of {splash.LANE} tokens"
     )
   if context > 1 and config.data.seq_len % (2 * context):
     raise UserError(

@@ -17,8 +17,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-BLOCK = 512  # Queries and keys per tile unless the caller says (model.attention_block 0).
+BLOCK = 512  # Queries and keys per tile unless the caller says (model.attention_block 0); TPUs: 256.
 NEG = -1e30  # The log-sum-exp of a query that sees no key in a set: its weight in `merge` is 0.
+
+
+def default_block() -> int:
+  """The tile model.attention_block 0 means: 256 on TPUs (the fastest of 256-2,048 at 2,048 tokens on
+  the v5e, benchmarks/attention_kernels.py), else BLOCK."""
+  return 256 if jax.default_backend() == "tpu" else BLOCK
 
 
 def block_size(length: int, block: int) -> int:

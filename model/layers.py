@@ -158,14 +158,17 @@ class Attention(nnx.Module):
     impl = implementation(self.impl, dt, length=q.shape[1])
     if self.impl == "auto" and not causal and impl in ("flash", "splash"):  # Both kernels are causal.
       impl = "einsum"
-    if context.context_size() > 1 and impl != "flash":
+    split = context.context_size() > 1
+    if split and impl not in ("flash", "splash"):
       raise ValueError(f"attention {impl!r} cannot split the sequence over the context axis: use 'flash'")
-    if impl == "flash":
+    if impl == "flash" or split:  # Chunks of the sequence, merged by their log-sum-exp.
       if not causal or positions is None:
-        raise ValueError("'flash' attention is causal and needs positions")
+        raise ValueError(f"{impl!r} attention over a context axis is causal and needs positions")
       seg = jnp.zeros_like(positions) if segment_ids is None else segment_ids
-      block = self.block or flash.BLOCK
-      out = context.attention(q, k, v, positions, seg, strategy=self.context_attention, block=block)
+      block = self.block or (splash.MAX_BLOCK if impl == "splash" else flash.default_block())
+      out = context.attention(
+        q, k, v, positions, seg, strategy=self.context_attention, block=block, kernel=impl
+      )
       return jnp.einsum("blhk,hkd->bld", out, self.wo[...].astype(dt))
     if impl == "splash":
       if not causal or mask is not None and segment_ids is None:

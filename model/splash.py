@@ -55,16 +55,19 @@ def block_sizes(length: int, block: int = MAX_BLOCK) -> "kernel_lib.BlockSizes":
   )
 
 
-def _kernel(heads: int, length: int, block: int, interpret: bool):
-  """The kernel for one example of `heads` query heads over `length` positions. Built per call: its
-  arrays belong to the trace (and mesh) that calls it; JAX caches the mask's tables by shape."""
-  mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((length, length)) for _ in range(heads)])
+def _kernel(heads: int, length: int, block: int, interpret: bool, causal=True, residuals=False):
+  """The kernel for one example of `heads` query heads over `length` positions, causal or full (every
+  key: a key chunk wholly before its query chunk); with `residuals` it returns (out, (lse,)). Built per
+  call: its arrays belong to the trace (and mesh) that calls it; JAX caches the mask's tables by shape."""
+  shape = (length, length)
+  mask = mask_lib.MultiHeadMask([mask_lib.CausalMask(shape) if causal else mask_lib.FullMask(shape)] * heads)
   return kernel_lib.make_splash_mha(
     mask,
     block_sizes=block_sizes(length, block),
     head_shards=1,
     q_seq_shards=1,
     interpret=interpret,
+    save_residuals=residuals,
   )
 
 
@@ -95,3 +98,76 @@ def attention(q, k, v, segment_ids, *, block: int = MAX_BLOCK):
     out_specs=spec,
     check_vma=False,
   )(q, k, v, segment_ids)
+
+
+def pair(q, k, v, q_seg, kv_seg, *, causal: bool, block: int = MAX_BLOCK):
+  """One query chunk q [b, n, h, K] against one key/value chunk [b, n, g, K] (model/context.py's ring
+  and all-gather): (out [b, n, h, K], lse [b, n, h]) in float32, for `flash.merge`. `causal`: the
+  chunks are the same (causal by index), else every key comes first (full, within segments). Its
+  backward pass takes the lse's cotangent only on rows that also have the output's, as the merges of
+  model/context.py give them (a row's weight in a merge scales both)."""
+  if not supports(q.shape[1]):
+    raise ValueError(f"'splash' attention needs chunks of a multiple of {LANE} tokens: got {q.shape[1]}")
+  to_heads = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, n, h, K] <-> [b, h, n, K]
+  scaled = q * jnp.asarray(1.0 / q.shape[-1] ** 0.5, q.dtype)
+  out, lse = _pair(to_heads(scaled), to_heads(k), to_heads(v), q_seg, kv_seg, causal, block)
+  return to_heads(out).astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _pair(q, k, v, q_seg, kv_seg, causal, block):
+  return _pair_fwd(q, k, v, q_seg, kv_seg, causal, block)[0]
+
+
+def _pair_fwd(q, k, v, q_seg, kv_seg, causal, block):
+  b, h, n, _ = q.shape
+  kernel = _kernel(h, n, block, jax.default_backend() != "tpu", causal, residuals=True)
+  out, (lse,) = jax.vmap(kernel)(q, k, v, segment_ids=kernel_lib.SegmentIds(q=q_seg, kv=kv_seg))
+  return (out, lse), (q, k, v, q_seg, kv_seg, out, lse)
+
+
+def _pair_bwd(causal, block, residuals, cotangents):
+  """The kernel's own backward pass (JAX's private _splash_attention_bwd, the same in JAX 0.10.2 and
+  0.12.0.1), with the log-sum-exp's cotangent too: d lse / d s = p, so a score's gradient is
+  p (dp - di + dlse), where the kernel computes di = rowsum(out * dout). Handing it `out` moved along
+  dout by dlse / |dout|^2 makes that di - dlse."""
+  q, k, v, q_seg, kv_seg, out, lse = residuals
+  dout, dlse = cotangents
+  do32 = dout.astype(jnp.float32)
+  norm = jnp.sum(do32 * do32, axis=-1)
+  shift = jnp.where(norm > 0, dlse / jnp.where(norm > 0, norm, 1.0), 0.0)
+  moved = out.astype(jnp.float32) - shift[..., None] * do32
+  b, h, n, _ = q.shape
+  kernel = _kernel(h, n, block, jax.default_backend() != "tpu", causal)
+  options = kernel.kwargs
+
+  def one(q, k, v, q_seg, kv_seg, out, lse, dout):
+    masks = [_collapsed(m) for m in (kernel.dq_mask_info, kernel.dkv_mask_info)]
+    res = (q, k, v, kernel_lib.SegmentIds(q=q_seg, kv=kv_seg), None, out, lse, *masks)
+    grads = kernel_lib._splash_attention_bwd(  # noqa: SLF001 - see the docstring.
+      False,
+      options["mask_value"],
+      options["is_mqa"],
+      options["block_sizes"],
+      options["residual_checkpoint_name"],
+      options["mask_function"],
+      options["attn_logits_soft_cap"],
+      options["interpret"],
+      res,
+      dout,
+    )
+    return grads[3:6]  # dq, dk, dv
+
+  dq, dk, dv = jax.vmap(one)(q, k, v, q_seg, kv_seg, moved, lse, dout.astype(q.dtype))
+  return dq, dk, dv, None, None
+
+
+_pair.defvjp(_pair_fwd, _pair_bwd)
+
+
+def _collapsed(info):
+  """A mask's tables as the kernel's own entry point hands them on: partial blocks [n, block, block]."""
+  if info is None or info.partial_mask_blocks is None:
+    return info
+  blocks = info.partial_mask_blocks
+  return info._replace(partial_mask_blocks=blocks.reshape(-1, *blocks.shape[-2:]))

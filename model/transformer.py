@@ -158,11 +158,11 @@ class Decoder(nnx.Module):
     over the tokens of `token_mask` [B, L] (None: all); None without MoE layers)."""
     b, n = tokens.shape
     impl = implementation(self.attention, self.compute_dtype, length=n)
-    flash = impl == "flash"
+    blockwise = impl in ("flash", "splash")
     mask, order = None, None  # None: plain causal attention, which fused kernels do without a mask array.
     packed = positions is not None or segment_ids is not None
     positions = jnp.broadcast_to(jnp.arange(n), (b, n)) if positions is None else positions
-    if flash:  # Masks per key/value block from positions and segment ids; the sequence balanced.
+    if blockwise:  # Masks per key/value block from positions and segment ids; the sequence balanced.
       segment_ids = jnp.zeros_like(positions) if segment_ids is None else segment_ids
       c = context.context_size()
       if c > 1:

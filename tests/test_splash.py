@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from model import layers, splash
+from model import context, layers, splash
 from tests.conftest import run_main
 from tests.test_context import _close, _packed, _plain
 
@@ -108,3 +108,31 @@ def test_auto_keeps_bidirectional_attention_off_the_causal_kernels(monkeypatch):
     auto = layers.Attention(16, 2, impl="auto", rngs=nnx.Rngs(0))
     einsum = layers.Attention(16, 2, impl="einsum", rngs=nnx.Rngs(0))
   assert jnp.array_equal(auto(x), einsum(x))
+
+
+@pytest.mark.parametrize("strategy", ["ring", "all_gather"])
+def test_splash_chunks_over_a_context_axis_equal_plain_attention(strategy):
+  """The ring (and all-gather) with splash's pairs: each device's two chunks of 128 against every chunk
+  not after them, causal or full by the chunks' order, merged by log-sum-exp; packed, grouped heads."""
+  rng = np.random.default_rng(1)
+  b, n, h, g, d = 4, 512, 4, 2, 8
+  q, k, v = (jnp.asarray(rng.normal(size=(b, n, heads, d)), jnp.float32) for heads in (h, g, g))
+  pos, seg = _packed(rng, b, n)
+  loss = lambda attend: lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v)))  # noqa: E731
+  want = _plain(q, k, v, pos, seg)
+  want_grads = jax.grad(loss(lambda *a: _plain(*a, pos, seg)), argnums=(0, 1, 2))(q, k, v)
+  mesh = jax.make_mesh((4, 2), ("data", "context"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  rules = (("batch", "data"), ("act_seq", "context"), ("act_heads", None), ("act_kv", None))
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    order = context.balanced_order(n, context.context_size())
+
+    def split(q, k, v):
+      t = lambda x: jnp.take(x, order, axis=1)  # noqa: E731
+      out = context.attention(t(q), t(k), t(v), t(pos), t(seg), strategy=strategy, block=128, kernel="splash")
+      return jnp.take(out, np.argsort(order), axis=1)
+
+    got = jax.jit(split)(q, k, v)
+    grads = jax.jit(jax.grad(loss(split), argnums=(0, 1, 2)))(q, k, v)
+  assert _close(got, want) <= TOL
+  for a, w in zip(grads, want_grads, strict=True):
+    assert _close(a, w) <= TOL
