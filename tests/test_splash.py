@@ -10,7 +10,9 @@ import pytest
 from flax import nnx
 
 from model import context, layers, splash
-from tests.conftest import run_main
+from errors import UserError
+from experiments import lm
+from tests.conftest import run_main, tiny_config
 from tests.test_context import _close, _packed, _plain
 
 TOL = 1e-5  # float32, relative to the largest entry.
@@ -136,3 +138,12 @@ def test_splash_chunks_over_a_context_axis_equal_plain_attention(strategy):
   assert _close(got, want) <= TOL
   for a, w in zip(grads, want_grads, strict=True):
     assert _close(a, w) <= TOL
+
+
+def test_context_chunks_the_tiles_cannot_cover_get_one_line():
+  split = {"mesh.context": 2, "mesh.tensor": 1, "model.attention": "splash"}
+  config = tiny_config(**split, **{"data.seq_len": 768})
+  with pytest.raises(UserError, match="needs data.seq_len a multiple of 512: each device's two chunks"):
+    lm.check_config(config)
+  config.data.seq_len = 1024
+  lm.check_config(config)
