@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from model import context, layers, splash
 from errors import UserError
 from experiments import lm
+from model import context, layers, splash
 from tests.conftest import run_main, tiny_config
 from tests.test_context import _close, _packed, _plain
 
