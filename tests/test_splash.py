@@ -1,7 +1,8 @@
 """JAX's Pallas splash kernel (model/splash.py), run here in Pallas interpret mode: it equals plain
 attention with packed documents and grouped heads, forward and backward, alone and split over a mesh's
-batch and heads; `model.attention=auto` picks it on TPUs for long sequences only; a sharded LM step
-with it equals one device (verify); a sequence its tiles cannot cover gets one line."""
+batch and heads, and pair by pair over a context axis (ring and all-gather); `model.attention=auto`
+picks it on TPUs for long sequences only; a sharded LM step with it equals one device (verify); a
+sequence or chunk its tiles cannot cover gets one line."""
 
 import jax
 import jax.numpy as jnp
