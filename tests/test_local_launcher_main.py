@@ -90,6 +90,13 @@ def test_the_slow_process_is_named_and_every_process_reports_its_profile(five_st
     for device in profile["devices"].values():
       assert device["compute_s"] > 0 and device["all-reduce_s"] > 0, device
       assert abs(sum(device.values()) - profile["span_s"]) <= 1e-3 * profile["span_s"] + 1e-6, device
+    # The ops that took the most time, by their HLO names: within what the devices ran per step.
+    ops = profile["top_ops"]
+    assert 0 < len(ops) <= 8 and all(" " not in o["op"] and "%" not in o["op"] for o in ops), ops
+    assert [o["s"] for o in ops] == sorted((o["s"] for o in ops), reverse=True), ops
+    busy = sum(v for k, v in profile["mean"].items() if k != "idle_s")
+    assert 0 < sum(o["s"] for o in ops) <= 2 * busy, (ops, profile["mean"])  # XLA:CPU may overlap ops.
+  assert any(line.startswith("[p0] largest ops, process 0: ") for line in table), table
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ CPU_NOTE = (
 )
 _DEVICE_PLANE = re.compile(r"/device:(?:GPU|TPU):(\d+)$")
 _WAIT_EVENTS = ("Rendezvous",)
+TOP_OPS = 8  # The ops a profile row lists by time (the console shows the first 3 of process 0).
 
 
 def collective_kind(op_name: str) -> str | None:
@@ -71,8 +72,15 @@ def _overlap(a, b) -> float:
   return total
 
 
-def _device_events(xspace_path: str) -> dict[int, list[tuple[str, float, float]]]:
-  """{local device ordinal: [(class, start_s, end_s)]}, class 'compute', 'wait' or a collective kind."""
+def op_name(text: str) -> str:
+  """An HLO op's name from a trace event: 'fusion.12' for '%fusion.12 = (bf16[...]) fusion(...)' (TPU
+  events carry the whole instruction) or 'fusion.12'."""
+  return text.split(" = ", 1)[0].strip().lstrip("%")
+
+
+def _device_events(xspace_path: str) -> dict[int, list[tuple[str, float, float, str]]]:
+  """{local device ordinal: [(class, start_s, end_s, op)]}, class 'compute', 'wait' or a collective
+  kind, op the HLO op's name (a wait: its collective's)."""
   from jax.profiler import ProfileData
 
   events: dict[int, list] = {}
@@ -85,17 +93,16 @@ def _device_events(xspace_path: str) -> dict[int, list[tuple[str, float, float]]
       for e in sorted(line.events, key=lambda e: e.start_ns):
         start, end = e.start_ns / 1e9, (e.start_ns + e.duration_ns) / 1e9
         if device:
-          events.setdefault(int(device[1]), []).append((collective_kind(e.name) or "compute", start, end))
+          kind = collective_kind(op_name(e.name)) or "compute"
+          events.setdefault(int(device[1]), []).append((kind, start, end, op_name(e.name)))
           continue
         stats = dict(e.stats)
         if "hlo_op" in stats and "device_ordinal" in stats:
-          ordinal = int(stats["device_ordinal"])
-          events.setdefault(ordinal, []).append(
-            (collective_kind(str(stats["hlo_op"])) or "compute", start, end)
-          )
-          current = (ordinal, end)
+          ordinal, op = int(stats["device_ordinal"]), op_name(str(stats["hlo_op"]))
+          events.setdefault(ordinal, []).append((collective_kind(op) or "compute", start, end, op))
+          current = (ordinal, end, op)
         elif e.name in _WAIT_EVENTS and current and start < current[1]:
-          events[current[0]].append(("wait", start, min(end, current[1])))
+          events[current[0]].append(("wait", start, min(end, current[1]), current[2]))
   return events
 
 
@@ -106,19 +113,19 @@ def split(xspace_path: str, steps: int) -> dict:
   local = jax.local_devices()
   if not by_ordinal:
     return {"note": "the trace has no per-device op events: this backend records no XLA ops in it"}
-  spans = [t for evs in by_ordinal.values() for _, s, e in evs for t in (s, e)]
+  spans = [t for evs in by_ordinal.values() for _, s, e, _ in evs for t in (s, e)]
   span = max(spans) - min(spans)
   devices = {}
   for ordinal, evs in sorted(by_ordinal.items()):
-    wait = _union([(s, e) for c, s, e in evs if c == "wait"])
+    wait = _union([(s, e) for c, s, e, _ in evs if c == "wait"])
     row = {"wait_s": _length(wait) / steps}
     taken = wait
     for kind in KINDS:
-      mine = _union([(s, e) for c, s, e in evs if c == kind])
+      mine = _union([(s, e) for c, s, e, _ in evs if c == kind])
       if mine:
         row[f"{kind}_s"] = (_length(mine) - _overlap(mine, taken)) / steps
         taken = _union(taken + mine)
-    compute = _union([(s, e) for c, s, e in evs if c == "compute"])
+    compute = _union([(s, e) for c, s, e, _ in evs if c == "compute"])
     row["compute_s"] = (_length(compute) - _overlap(compute, taken)) / steps
     busy = _union(taken + compute)
     row["idle_s"] = (span - _length(busy)) / steps
@@ -127,7 +134,26 @@ def split(xspace_path: str, steps: int) -> dict:
   keys = sorted({k for row in devices.values() for k in row})
   mean = {k: round(sum(r.get(k, 0.0) for r in devices.values()) / len(devices), 6) for k in keys}
   cpu = jax.devices()[0].platform == "cpu"
-  return {"span_s": round(span / steps, 6), "devices": devices, "mean": mean, "note": CPU_NOTE if cpu else ""}
+  return {
+    "span_s": round(span / steps, 6),
+    "devices": devices,
+    "mean": mean,
+    "top_ops": top_ops(by_ordinal, steps),
+    "note": CPU_NOTE if cpu else "",
+  }
+
+
+def top_ops(by_ordinal: dict, steps: int, n: int = TOP_OPS) -> list[dict]:
+  """The `n` HLO ops that took the most time, seconds per step averaged over the devices (a
+  collective's time includes its wait for the other devices)."""
+  seconds: dict[str, float] = {}
+  for evs in by_ordinal.values():
+    for kind, start, end, op in evs:
+      if kind != "wait":
+        seconds[op] = seconds.get(op, 0.0) + end - start
+  scale = 1 / (steps * len(by_ordinal))
+  ranked = sorted(seconds.items(), key=lambda item: -item[1])[:n]
+  return [{"op": op, "s": round(t * scale, 6)} for op, t in ranked]
 
 
 class ProfileWindow:
@@ -201,6 +227,9 @@ def table(rows: dict[int, dict], label: str) -> list[str]:
       lines.append(f"{p:>7} {r.get('note', '')}")
       continue
     lines.append(f"{p:>7} " + " ".join(f"{1e3 * r['mean'].get(k, 0.0):>18.2f}" for k in kinds))
+  ops = rows[min(rows)].get("top_ops", [])[:3]
+  if ops:
+    lines.append("largest ops, process 0: " + ", ".join(f"{o['op']} {1e3 * o['s']:.2f}" for o in ops))
   if first.get("note"):
     lines.append(f"note: {first['note']}")
   return lines
