@@ -18,8 +18,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax.core import spmd
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 from jax.sharding import PartitionSpec as P
 
 from model.partitioning import logical_to_spec
@@ -35,15 +33,24 @@ MAX_BLOCK = 1024
 MIN_LENGTH = 512
 
 
+def _lib():
+  """JAX's splash modules, imported where a kernel is built: every run imports this file (for `auto`'s
+  rule) and most never call the kernel."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
+  return kernel_lib, mask_lib
+
+
 def supports(length: int) -> bool:
   """Whether the kernel takes sequences of `length`."""
   return length % LANE == 0
 
 
-def block_sizes(length: int, block: int = MAX_BLOCK) -> "kernel_lib.BlockSizes":
+def block_sizes(length: int, block: int = MAX_BLOCK):
   """One tile size for every pass: the largest multiple of 128 dividing `length`, at most `block`."""
   b = max(d for d in range(LANE, min(length, block) + 1, LANE) if length % d == 0)
-  return kernel_lib.BlockSizes(
+  return _lib()[0].BlockSizes(
     block_q=b,
     block_kv=b,
     block_kv_compute=b,
@@ -59,6 +66,7 @@ def _kernel(heads: int, length: int, block: int, interpret: bool, causal=True, r
   """The kernel for one example of `heads` query heads over `length` positions, causal or full (every
   key: a key chunk wholly before its query chunk); with `residuals` it returns (out, (lse,)). Built per
   call: its arrays belong to the trace (and mesh) that calls it; JAX caches the mask's tables by shape."""
+  kernel_lib, mask_lib = _lib()
   shape = (length, length)
   mask = mask_lib.MultiHeadMask([mask_lib.CausalMask(shape) if causal else mask_lib.FullMask(shape)] * heads)
   return kernel_lib.make_splash_mha(
@@ -79,7 +87,7 @@ def _local(q, k, v, seg, block: int):
   kernel = _kernel(h, n, block, jax.default_backend() != "tpu")
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, L, h, K] -> [b, h, L, K]
   q = to_heads(q * jnp.asarray(1.0 / d**0.5, q.dtype))
-  segments = kernel_lib.SegmentIds(q=seg, kv=seg)
+  segments = _lib()[0].SegmentIds(q=seg, kv=seg)
   out = jax.vmap(kernel)(q, to_heads(k), to_heads(v), segment_ids=segments)
   return jnp.swapaxes(out, 1, 2)
 
@@ -122,7 +130,7 @@ def _pair(q, k, v, q_seg, kv_seg, causal, block):
 def _pair_fwd(q, k, v, q_seg, kv_seg, causal, block):
   b, h, n, _ = q.shape
   kernel = _kernel(h, n, block, jax.default_backend() != "tpu", causal, residuals=True)
-  out, (lse,) = jax.vmap(kernel)(q, k, v, segment_ids=kernel_lib.SegmentIds(q=q_seg, kv=kv_seg))
+  out, (lse,) = jax.vmap(kernel)(q, k, v, segment_ids=_lib()[0].SegmentIds(q=q_seg, kv=kv_seg))
   return (out, lse), (q, k, v, q_seg, kv_seg, out, lse)
 
 
@@ -139,7 +147,7 @@ def _pair_bwd(causal, block, residuals, cotangents):
   moved = out.astype(jnp.float32) - shift[..., None] * do32
   b, h, n, _ = q.shape
   kernel = _kernel(h, n, block, jax.default_backend() != "tpu", causal)
-  options = kernel.kwargs
+  kernel_lib, options = _lib()[0], kernel.kwargs
 
   def one(q, k, v, q_seg, kv_seg, out, lse, dout):
     masks = [_collapsed(m) for m in (kernel.dq_mask_info, kernel.dkv_mask_info)]
