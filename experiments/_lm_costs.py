@@ -32,7 +32,7 @@ def inspect_notes(config, mesh_shape: dict) -> list[str]:
     scores = "[B, H, L, L] scores" if impl in ("einsum", "xla") else "fused, no score array"
     return [f"attention: {impl} ({scores}, L = {n})"]
   chunk = n // (2 * c)
-  tile = flash.block_size(chunk, m.attention_block or flash.BLOCK)
+  tile = flash.block_size(chunk, m.attention_block or flash.default_block())
   how = f"context {c} by {m.context_attention}: " if c > 1 else "no context axis: "
   return [
     f"attention: flash (model/flash.py), {how}each device holds chunks of {chunk} tokens, early and "

@@ -171,7 +171,7 @@ class Decoder(nnx.Module):
           jnp.take(a, order, axis=1) for a in (tokens, positions, segment_ids)
         )
         token_mask = None if token_mask is None else jnp.take(token_mask, order, axis=1)
-    elif packed and impl != "splash":  # Attend only within the document: a [B, L, L] mask.
+    elif packed:  # Attend only within the document: a [B, L, L] mask.
       mask = positions[:, :, None] >= positions[:, None, :]
       if segment_ids is not None:
         mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
