@@ -40,35 +40,51 @@ def _close(a, b):
   return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
 
 
-@pytest.mark.parametrize("strategy", ["ring", "all_gather"])
-def test_split_attention_equals_plain_attention_with_packing_and_grouped_heads(strategy):
-  rng = np.random.default_rng(0)
-  b, n, h, g, d = 2, 64, 4, 2, 8
+def _inputs(seed, b, n, h, g, d):
+  """q [b, n, h, d], k and v [b, n, g, d] float32, and packed documents' positions and segment ids."""
+  rng = np.random.default_rng(seed)
   q, k, v = (jnp.asarray(rng.normal(size=(b, n, heads, d)), jnp.float32) for heads in (h, g, g))
-  pos, seg = _packed(rng, b, n)
-  loss = lambda attend: lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v)))  # noqa: E731
-  want = _plain(q, k, v, pos, seg)
-  want_grads = jax.grad(loss(lambda *a: _plain(*a, pos, seg)), argnums=(0, 1, 2))(q, k, v)
+  return (q, k, v, *_packed(rng, b, n))
 
-  # Blocks of 16 on one device (no mesh): 4 x 4 tiles.
-  got = flash.attend(q, k, v, pos, pos, seg, seg, block=16)[0]
-  assert _close(got, want) <= TOL
-  mesh = jax.make_mesh((2, 4), ("data", "context"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+def _loss(attend):
+  return lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v)))
+
+
+def split_equals_plain(mesh_shape, q, k, v, pos, seg, **options) -> tuple[int, np.ndarray]:
+  """Asserts that context.attention(**options) over mesh (data, context) = `mesh_shape`, each device
+  holding its balanced chunks, equals plain attention forward and backward within TOL; returns the
+  context size and the order it saw."""
+  want = _plain(q, k, v, pos, seg)
+  want_grads = jax.grad(_loss(lambda *a: _plain(*a, pos, seg)), argnums=(0, 1, 2))(q, k, v)
+  mesh = jax.make_mesh(mesh_shape, ("data", "context"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   rules = (("batch", "data"), ("act_seq", "context"), ("act_heads", None), ("act_kv", None))
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    order = context.balanced_order(n, context.context_size())
-    assert context.context_size() == 4 and list(order[:16]) == [*range(8), *range(56, 64)]
+    c = context.context_size()
+    order = context.balanced_order(q.shape[1], c)
 
-    def split(q, k, v):  # Device i holds chunks i and 7 - i of 8, attends by `strategy`.
+    def split(q, k, v):  # Device i holds chunks i and 2c - 1 - i of 2c.
       t = lambda x: jnp.take(x, order, axis=1)  # noqa: E731
-      out = context.attention(t(q), t(k), t(v), t(pos), t(seg), strategy=strategy, block=4)
+      out = context.attention(t(q), t(k), t(v), t(pos), t(seg), **options)
       return jnp.take(out, np.argsort(order), axis=1)
 
     got = jax.jit(split)(q, k, v)
-    grads = jax.jit(jax.grad(loss(split), argnums=(0, 1, 2)))(q, k, v)
+    grads = jax.jit(jax.grad(_loss(split), argnums=(0, 1, 2)))(q, k, v)
   assert _close(got, want) <= TOL
   for a, w in zip(grads, want_grads, strict=True):
     assert _close(a, w) <= TOL
+  return c, order
+
+
+@pytest.mark.parametrize("strategy", ["ring", "all_gather"])
+def test_split_attention_equals_plain_attention_with_packing_and_grouped_heads(strategy):
+  q, k, v, pos, seg = _inputs(0, 2, 64, 4, 2, 8)
+  # Blocks of 16 on one device (no mesh): 4 x 4 tiles.
+  got = flash.attend(q, k, v, pos, pos, seg, seg, block=16)[0]
+  assert _close(got, _plain(q, k, v, pos, seg)) <= TOL
+  # Context 4: device i holds chunks i and 7 - i of 8, attends by `strategy` in blocks of 4.
+  c, order = split_equals_plain((2, 4), q, k, v, pos, seg, strategy=strategy, block=4)
+  assert c == 4 and list(order[:16]) == [*range(8), *range(56, 64)]
 
 
 def test_no_sequence_by_sequence_array_is_compiled():

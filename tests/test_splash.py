@@ -12,9 +12,9 @@ from flax import nnx
 
 from errors import UserError
 from experiments import lm
-from model import context, layers, splash
+from model import layers, splash
 from tests.conftest import run_main, tiny_config
-from tests.test_context import _close, _packed, _plain
+from tests.test_context import _close, _inputs, _loss, _packed, _plain, split_equals_plain
 
 TOL = 1e-5  # float32, relative to the largest entry.
 
@@ -24,9 +24,8 @@ def test_splash_equals_plain_attention_with_packing_and_grouped_heads():
   b, n, h, g, d = 4, 256, 4, 2, 16
   q, k, v = (jnp.asarray(rng.normal(size=(b, n, heads, d)), jnp.float32) for heads in (h, g, g))
   pos, seg = _packed(rng, b, n)  # Positions restart with each document: index order within one.
-  loss = lambda attend: lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v)))  # noqa: E731
   want = _plain(q, k, v, pos, seg)
-  want_grads = jax.grad(loss(lambda *a: _plain(*a, pos, seg)), argnums=(0, 1, 2))(q, k, v)
+  want_grads = jax.grad(_loss(lambda *a: _plain(*a, pos, seg)), argnums=(0, 1, 2))(q, k, v)
 
   def alone(q, k, v):  # Tiles of 128: a 2 x 2 grid, the upper one skipped by the causal mask.
     return splash.attention(q, k, v, seg, block=128)
@@ -37,9 +36,9 @@ def test_splash_equals_plain_attention_with_packing_and_grouped_heads():
     if attend is None:  # Batch over data x fsdp, heads (query and key/value) over tensor.
       with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
         got = jax.jit(alone)(q, k, v)
-        grads = jax.jit(jax.grad(loss(alone), argnums=(0, 1, 2)))(q, k, v)
+        grads = jax.jit(jax.grad(_loss(alone), argnums=(0, 1, 2)))(q, k, v)
     else:
-      got, grads = attend(q, k, v), jax.grad(loss(attend), argnums=(0, 1, 2))(q, k, v)
+      got, grads = attend(q, k, v), jax.grad(_loss(attend), argnums=(0, 1, 2))(q, k, v)
     assert _close(got, want) <= TOL
     for a, w in zip(grads, want_grads, strict=True):
       assert _close(a, w) <= TOL
@@ -117,28 +116,9 @@ def test_auto_keeps_bidirectional_attention_off_the_causal_kernels(monkeypatch):
 def test_splash_chunks_over_a_context_axis_equal_plain_attention(strategy):
   """The ring (and all-gather) with splash's pairs: each device's two chunks of 128 against every chunk
   not after them, causal or full by the chunks' order, merged by log-sum-exp; packed, grouped heads."""
-  rng = np.random.default_rng(1)
-  b, n, h, g, d = 4, 512, 2, 1, 8
-  q, k, v = (jnp.asarray(rng.normal(size=(b, n, heads, d)), jnp.float32) for heads in (h, g, g))
-  pos, seg = _packed(rng, b, n)
-  loss = lambda attend: lambda q, k, v: jnp.sum(jnp.sin(attend(q, k, v)))  # noqa: E731
-  want = _plain(q, k, v, pos, seg)
-  want_grads = jax.grad(loss(lambda *a: _plain(*a, pos, seg)), argnums=(0, 1, 2))(q, k, v)
-  mesh = jax.make_mesh((4, 2), ("data", "context"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-  rules = (("batch", "data"), ("act_seq", "context"), ("act_heads", None), ("act_kv", None))
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    order = context.balanced_order(n, context.context_size())
-
-    def split(q, k, v):
-      t = lambda x: jnp.take(x, order, axis=1)  # noqa: E731
-      out = context.attention(t(q), t(k), t(v), t(pos), t(seg), strategy=strategy, block=128, kernel="splash")
-      return jnp.take(out, np.argsort(order), axis=1)
-
-    got = jax.jit(split)(q, k, v)
-    grads = jax.jit(jax.grad(loss(split), argnums=(0, 1, 2)))(q, k, v)
-  assert _close(got, want) <= TOL
-  for a, w in zip(grads, want_grads, strict=True):
-    assert _close(a, w) <= TOL
+  q, k, v, pos, seg = _inputs(1, 4, 512, 2, 1, 8)
+  c, _ = split_equals_plain((4, 2), q, k, v, pos, seg, strategy=strategy, block=128, kernel="splash")
+  assert c == 2
 
 
 def test_context_chunks_the_tiles_cannot_cover_get_one_line():
