@@ -49,8 +49,6 @@ def check_attention(full: bool) -> None:
   import jax
   import jax.numpy as jnp
 
-  from model import splash
-
   b, t, heads, kv_heads, d = (4, 2048, 12, 4, 64) if full else (1, 128, 4, 2, 16)
   kq, kk, kv = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(kq, (b, t, heads, d), jnp.bfloat16)
@@ -65,11 +63,8 @@ def check_attention(full: bool) -> None:
   exact = attend("xla")(*f32)
   error = lambda fn: float(jnp.max(jnp.abs(fn(q, k, v).astype(jnp.float32) - exact)))
   xla = error(attend("xla"))
-  if jax.default_backend() == "gpu":
-    name, fused = "cuDNN", error(attend("cudnn"))
-  else:
-    seg = jnp.zeros((b, t), jnp.int32)
-    name, fused = "splash", error(jax.jit(lambda q, k, v: splash.attention(q, k, v, seg)))
+  name, kernel = gpu_check_layers.fused_attention()
+  fused = error(jax.jit(kernel))
   figure = f"max error vs float32: {name} {fused:.1e}, XLA bf16 {xla:.1e} ({b}x{t}x{heads}x{d}, causal, GQA)"
   row(
     "attention",

@@ -71,12 +71,26 @@ def moe_dropless(full: bool) -> tuple:
   )
 
 
+def fused_attention():
+  """(name, fn) of the fused kernel `auto` picks without a context axis: cuDNN's on GPUs, splash on
+  TPUs (and interpreted on CPU); fn(q, k, v) is causal attention over [B, L, H, K]."""
+  import jax
+  import jax.numpy as jnp
+
+  from model import splash
+
+  if jax.default_backend() == "gpu":
+    return "cuDNN", lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, is_causal=True, implementation="cudnn"
+    )
+  return "splash", lambda q, k, v: splash.attention(q, k, v, jnp.zeros(q.shape[:2], jnp.int32))
+
+
 def flash(full: bool) -> tuple:
   import jax
   import jax.numpy as jnp
 
   from model import flash as flash_lib
-  from model import splash
 
   b, t, heads, kv_heads, d = (4, 4096, 12, 4, 64) if full else (1, 64, 4, 2, 16)
   keys = jax.random.split(jax.random.key(0), 3)
@@ -104,11 +118,7 @@ def flash(full: bool) -> tuple:
     step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2), argnums=(0, 1, 2)))
     return _seconds(step, q, k, v)
 
-  # The fused kernel `auto` picks without a context axis: cuDNN's on GPUs, splash on TPUs.
-  if jax.default_backend() == "gpu":
-    fused = ("cuDNN", theirs("cudnn"))
-  else:
-    fused = ("splash", lambda q, k, v: splash.attention(q, k, v, seg))
+  fused = fused_attention()
   ms = {name: 1e3 * seconds(fn) for name, fn in (("flash", ours), fused, ("xla", theirs("xla")))}
   name = fused[0]
   figure = (

@@ -79,16 +79,20 @@ def _kernel(heads: int, length: int, block: int, interpret: bool, causal=True, r
   )
 
 
+def _heads_first(q, k, v):
+  """[b, L, heads, K] -> [b, heads, L, K] as the kernel takes them, q scaled by 1/sqrt(K)."""
+  q = q * jnp.asarray(1.0 / q.shape[-1] ** 0.5, q.dtype)
+  return tuple(jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+
+
 def _local(q, k, v, seg, block: int):
   """One device's examples: q [b, L, h, K], k, v [b, L, g, K], seg [b, L] -> [b, L, h, K]."""
   b, n, h, d = q.shape
   if not supports(n):
     raise ValueError(f"'splash' attention needs a sequence length that is a multiple of {LANE}: got {n}")
   kernel = _kernel(h, n, block, jax.default_backend() != "tpu")
-  to_heads = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, L, h, K] -> [b, h, L, K]
-  q = to_heads(q * jnp.asarray(1.0 / d**0.5, q.dtype))
   segments = _lib()[0].SegmentIds(q=seg, kv=seg)
-  out = jax.vmap(kernel)(q, to_heads(k), to_heads(v), segment_ids=segments)
+  out = jax.vmap(kernel)(*_heads_first(q, k, v), segment_ids=segments)
   return jnp.swapaxes(out, 1, 2)
 
 
@@ -116,10 +120,8 @@ def pair(q, k, v, q_seg, kv_seg, *, causal: bool, block: int = MAX_BLOCK):
   model/context.py give them (a row's weight in a merge scales both)."""
   if not supports(q.shape[1]):
     raise ValueError(f"'splash' attention needs chunks of a multiple of {LANE} tokens: got {q.shape[1]}")
-  to_heads = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, n, h, K] <-> [b, h, n, K]
-  scaled = q * jnp.asarray(1.0 / q.shape[-1] ** 0.5, q.dtype)
-  out, lse = _pair(to_heads(scaled), to_heads(k), to_heads(v), q_seg, kv_seg, causal, block)
-  return to_heads(out).astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
+  out, lse = _pair(*_heads_first(q, k, v), q_seg, kv_seg, causal, block)
+  return jnp.swapaxes(out, 1, 2).astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
@@ -148,9 +150,9 @@ def _pair_bwd(causal, block, residuals, cotangents):
   b, h, n, _ = q.shape
   kernel = _kernel(h, n, block, jax.default_backend() != "tpu", causal)
   kernel_lib, options = _lib()[0], kernel.kwargs
+  masks = [_collapsed(m) for m in (kernel.dq_mask_info, kernel.dkv_mask_info)]
 
   def one(q, k, v, q_seg, kv_seg, out, lse, dout):
-    masks = [_collapsed(m) for m in (kernel.dq_mask_info, kernel.dkv_mask_info)]
     res = (q, k, v, kernel_lib.SegmentIds(q=q_seg, kv=kv_seg), None, out, lse, *masks)
     grads = kernel_lib._splash_attention_bwd(  # noqa: SLF001 - see the docstring.
       False,
