@@ -124,7 +124,19 @@ def run_ours(tmp: str, flags: list[str], env: dict) -> dict:
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
   times = [r["step_time_s"] for r in rows if r["step"] > SKIP] or [rows[-1]["step_time_s"]]
-  return {"step_s": statistics.median(times), "flops_per_step": summary["model_flops_per_step"]}
+  said = [line for line in p.stdout.splitlines() if "local tier" in line]  # Where copies go, or off.
+  return {"step_s": statistics.median(times), "flops_per_step": summary["model_flops_per_step"], "said": said}
+
+
+def probe_devices(env: dict) -> tuple[int, str, str]:
+  """The device count, kind and backend, read in a child process: a TPU is held by the first process
+  that opens it, so this one must not, or every run it starts fails to reach the chip."""
+  code = "import jax; print(jax.device_count(), jax.default_backend(), jax.devices()[0].device_kind)"
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+  if p.returncode != 0:
+    sys.exit(f"error: JAX cannot reach a device: {(p.stderr.strip().splitlines() or [''])[-1]}")
+  count, backend, kind = p.stdout.strip().splitlines()[-1].split(" ", 2)
+  return int(count), kind, backend
 
 
 def maxtext_python() -> str:
@@ -196,18 +208,16 @@ def main() -> None:
   parser.add_argument("--json", default="", help="also append one JSON line per run to this file")
   parser.add_argument("--maxtext_python", default="")
   args = parser.parse_args()
-  import jax
-
-  devices, kind = jax.device_count(), jax.devices()[0].device_kind
-  accelerator = None if jax.default_backend() == "cpu" else hardware.for_device_kind(kind)
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  if jax.default_backend() == "cpu":
+  devices, kind, backend = probe_devices(env)
+  accelerator = None if backend == "cpu" else hardware.for_device_kind(kind)
+  if backend == "cpu":
     env["JAX_PLATFORMS"] = "cpu"
   python = args.maxtext_python or maxtext_python()
   mt_env = maxtext_env(env)
   base = base_yml(python, mt_env)
   print(f"{devices} x {kind}; MaxText: {base or 'not importable: ours only'}", flush=True)
-  shapes, variants = args.shapes.split(","), args.variants.split(",") if base else []
+  shapes, variants = args.shapes.split(","), [v for v in args.variants.split(",") if v] if base else []
   results = {s: {"ours": {"error": "not run"}, "maxtext": {}} for s in shapes}
   tokens = {s: SHAPES[s][0] * SHAPES[s][1] * devices for s in shapes}
   with tempfile.TemporaryDirectory() as tmp:
