@@ -68,12 +68,15 @@ def _tear(workdir: str, step: int) -> None:
 
 
 def test_every_checkpoint_damaged_resumes_from_a_local_copy_not_from_scratch(tmp_path, straight, capsys):
+  """The copies taken straight into pinned host memory (checkpoint.local_copy_in=host: what auto picks
+  where the devices lack room beside the step) restore bit for bit too."""
   workdir = str(tmp_path)
-  train(_cfg(**{"checkpoint.local_every": 1}), workdir, stop_after=4)
+  train(_cfg(**{"checkpoint.local_every": 1, "checkpoint.local_copy_in": "host"}), workdir, stop_after=4)
   _tear(workdir, 2)
   _tear(workdir, 4)
   train(_cfg(**{"checkpoint.local_every": 1}), workdir)
   out = capsys.readouterr().out
+  assert "local tier: copies taken in pinned host memory" in out, out
   assert "checkpoint 2 is damaged" in out and "checkpoint 4 is damaged" in out, out
   assert re.search(r"restored step [34] from the local tier: process 0 from its own copy", out), out
   np.testing.assert_array_equal(_trajectory(workdir), straight)

@@ -42,6 +42,23 @@ def test_data_parallel_replicates_params_and_all_reduces_gradients_over_data():
   assert held in out["local_tier"], out["local_tier"]
 
 
+def test_a_local_tier_copy_taken_on_the_devices_counts_in_their_memory():
+  """checkpoint.local_copy_in: a copy on the devices holds one more state there beside the next step;
+  one taken in pinned host memory holds none, and inspect says which."""
+  totals = {}
+  for copy_in in ("device", "host"):
+    cfg = _cfg((8, 1, 1), "dp")
+    cfg.checkpoint.local_copy_in = copy_in
+    out = report(cfg)
+    totals[copy_in] = out["compiled"]["memory_per_device"]
+    said = "copies taken on the devices" if copy_in == "device" else "copies taken in pinned host memory"
+    assert said in out["local_tier"], out["local_tier"]
+  t = out["totals"]
+  assert totals["host"]["local_copy"] == 0
+  assert totals["device"]["local_copy"] >= t["param_bytes"] + t["opt_state_bytes"]  # Replicated by dp.
+  assert totals["device"]["total"] - totals["host"]["total"] == totals["device"]["local_copy"]
+
+
 def test_collectives_inside_scanned_layers_count_once_per_trip():
   """Scanned, the gradients of 3 layers are all-reduced inside a loop of 3 trips: counted per trip,
   the step moves what the unrolled model moves (counted once per op, it would be under half)."""

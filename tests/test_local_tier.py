@@ -203,6 +203,24 @@ def test_a_local_dir_without_room_is_one_line_unless_the_tier_is_automatic(tmp_p
     subprocess.run(["umount", str(small)])
 
 
+def test_a_local_dir_in_host_memory_needs_the_memory_too(tmp_path, monkeypatch):
+  """A tmpfs as large as the host's memory has room for copies the memory cannot hold beside the
+  process and the copy in flight: the room is then the memory available (a TPU host ran out of it)."""
+  from trainer.checkpoint import device_memory, local_room
+
+  assert local_room._in_memory("/proc/self") is False
+  monkeypatch.setattr(local_room, "_in_memory", lambda folder: True)
+  mib = 2**20  # 4 copies of 1 MiB held, 2 MiB in flight: 6 MiB.
+  monkeypatch.setattr(device_memory, "host_available_bytes", lambda: 6 * mib)
+  assert local_room.shortfall(str(tmp_path), mib, partnered=False) is None
+  monkeypatch.setattr(device_memory, "host_available_bytes", lambda: 6 * mib - 1)
+  why = local_room.shortfall(str(tmp_path), mib, partnered=False)
+  assert why.startswith(f"checkpoint.local_dir={tmp_path} is in host memory, of which 6.0 MiB"), why
+  assert "and 2.0 MiB for the copy in flight" in why, why
+  monkeypatch.setattr(local_room, "_in_memory", lambda folder: False)  # On a disk: the disk's room.
+  assert local_room.shortfall(str(tmp_path), mib, partnered=False) is None
+
+
 def test_the_partner_lives_on_another_host_where_there_is_one():
   assert local.partner(0, ["a", "a", "b", "b"]) == 2 and local.partner(3, ["a", "a", "b", "b"]) == 0
   assert local.partner(1, ["h", "h"]) == 0  # One host: the next process.
@@ -319,19 +337,38 @@ def test_the_device_copy_keeps_every_shard_in_buffers_of_its_own_and_comes_back_
     k: jax.device_put(jnp.arange(64.0).reshape(8, 8) + i, NamedSharding(mesh, s))
     for i, (k, s) in enumerate(specs.items())
   }
-  copy = local_shards.device_copy(state)
-  for k, leaf in state.items():
-    assert copy[k].sharding.is_equivalent_to(leaf.sharding, leaf.ndim), k
-    mine = {s.data.unsafe_buffer_pointer() for s in leaf.addressable_shards}
-    assert not mine & {s.data.unsafe_buffer_pointer() for s in copy[k].addressable_shards}, k
   target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()}
-  parts = []  # A part per distinct shard: w's 4 (fsdp x tensor), b's 2, m's 2, n's 1; replicas once.
-  for shards in (local_shards.host_copy(copy), local_shards.host_copy(copy, 1, lambda: parts.append(1))):
-    back = local_shards.to_state(shards, target)
+  for take, memory in ((local_shards.device_copy, "device"), (local_shards.pinned_copy, "pinned_host")):
+    copy = take(state)
     for k, leaf in state.items():
-      assert back[k].sharding.is_equivalent_to(leaf.sharding, leaf.ndim)
-      np.testing.assert_array_equal(np.asarray(back[k]), np.asarray(leaf))
-  assert len(parts) == 9
+      assert copy[k].sharding.memory_kind == memory, (k, copy[k].sharding)
+      assert copy[k].sharding.with_memory_kind("device").is_equivalent_to(leaf.sharding, leaf.ndim), k
+      mine = {s.data.unsafe_buffer_pointer() for s in leaf.addressable_shards}
+      assert not mine & {s.data.unsafe_buffer_pointer() for s in copy[k].addressable_shards}, k
+    parts = []  # A part per distinct shard: w's 4 (fsdp x tensor), b's 2, m's 2, n's 1; replicas once.
+    paced = local_shards.host_copy(copy, 1, lambda parts=parts: parts.append(1))
+    for shards in (local_shards.host_copy(copy), paced):
+      back = local_shards.to_state(shards, target)
+      for k, leaf in state.items():
+        assert back[k].sharding.is_equivalent_to(leaf.sharding, leaf.ndim)
+        np.testing.assert_array_equal(np.asarray(back[k]), np.asarray(leaf))
+    assert len(parts) == 9
+
+
+@pytest.mark.parametrize(
+  "copy_in, step, limit, place",
+  [
+    ("auto", 10, None, "device"),  # CPUs report no limit.
+    ("auto", 10, 15, "device"),  # The step and one more state (5) fit.
+    ("auto", 11, 15, "host"),
+    ("device", 11, 15, "device"),
+    ("host", 1, None, "host"),
+  ],
+)
+def test_a_copy_is_taken_on_the_devices_unless_they_lack_room_beside_the_step(copy_in, step, limit, place):
+  from trainer.checkpoint import local_room
+
+  assert local_room.copy_place(copy_in, step, 5, limit) == place
 
 
 def test_a_paced_copy_starts_a_part_per_dispatched_step_and_never_waits_long_for_one(tmp_path, monkeypatch):

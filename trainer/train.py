@@ -117,6 +117,8 @@ def _train(config, workdir, stop_after, devices, clock, cleanup, t_start) -> dic
     with clock.phase("compile", first) as phase:
       from_cache = _compile(run, start)
     run.startup["compile"] = phase.seconds
+    if run.local is not None and first < run.last_step:
+      run.local.place(config.checkpoint.local_copy_in, run.train_step, run.target)
     # Any process that sees another layout (its own XLA_FLAGS, say) makes every process check.
     same_layout = first > 0 and not start.layout_changed
     timeout_s = config.watchdog.startup_timeout_s

@@ -90,5 +90,17 @@ def shortfall(tree) -> str | None:
   )
 
 
+def step_bytes(compiled) -> int:
+  """One device's memory while the compiled step runs: arguments + outputs - donated + temporaries."""
+  m = compiled.memory_analysis()
+  return m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+
+
+def limits() -> dict:
+  """{device: bytes its allocator may hold} for this process's devices that report it (not CPUs)."""
+  stats = {d: d.memory_stats() or {} for d in jax.local_devices()}
+  return {d: s["bytes_limit"] for d, s in stats.items() if "bytes_limit" in s}
+
+
 def _gib(n: int) -> str:
   return f"{n / 2**30:.2f} GiB"

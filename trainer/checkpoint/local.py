@@ -2,11 +2,13 @@
 checkpoint interval.
 
 Every `checkpoint.local_every` steps the loop dispatches a copy of the whole train state (params,
-variables, EMA, optimizer state, RNG, step) on its devices, which the next step does not donate, and
-goes on; the tier's writer thread waits for it, brings this process's shards to host memory with the
-data position and the config (`checkpoint.local_pace_mib` at a time, a part per step the loop dispatches,
-so that the transfers run beside steps queued before them: on a TPU a step dispatched behind a whole
-copy's transfers waited for them; or after PACE_WAIT_S without a step), frees the device copy, and
+variables, EMA, optimizer state, RNG, step) on its devices, which the next step does not donate (or,
+where the devices lack room for it beside the step, straight into pinned host memory:
+checkpoint.local_copy_in), and goes on; the tier's writer thread waits for it, brings this process's
+shards to host memory with the data position and the config (`checkpoint.local_pace_mib` at a time, a
+part per step the loop dispatches, so that the transfers run beside steps queued before them: on a
+TPU a step dispatched behind a whole copy's transfers waited for them; or after PACE_WAIT_S without a
+step), frees the device copy, and
 writes the copy to `checkpoint.local_dir` (host-local, by default a folder under /dev/shm) and sends the
 same bytes to its partner, a process on another host where there is one, over the peer service
 (trainer/cluster/peers.py), which keeps it in its own local_dir. Both sides keep their newest three
@@ -38,9 +40,9 @@ import time
 import jax
 
 from errors import UserError
+from trainer.checkpoint import device_memory, local_room
 from trainer.checkpoint import local_copies as copies
-from trainer.checkpoint import local_room
-from trainer.checkpoint.local_shards import device_copy, host_copy, state_bytes, to_state
+from trainer.checkpoint.local_shards import device_copy, host_copy, pinned_copy, state_bytes, to_state
 from trainer.cluster import multihost, peers
 from trainer.observe.metrics import console
 
@@ -59,6 +61,7 @@ class LocalTier:
   ):
     self.fingerprint, self.config_json = fingerprint, config_json
     self.pace_bytes = pace_mib * 2**20 or float("inf")  # Transferred per dispatched step (0: at once).
+    self.take = device_copy  # Or pinned_copy: place().
     self._steps, self._rush = threading.Semaphore(0), threading.Event()  # Pacing: stepped(), wait().
     self._paced_s = 0.0  # The copy in flight's waits for steps: not its work.
     self.link_timeout_s = link_timeout_s  # How long a send to the partner is tried again.
@@ -85,6 +88,17 @@ class LocalTier:
       hosts = multihost.gather("local_tier_hosts", {"host": socket.gethostname()}, timeout_s=600)
       self.partner = partner(self.me, [hosts[p]["host"] for p in range(self.processes)])
 
+  def place(self, copy_in: str, compiled_step, target) -> None:
+    """Takes copies on the devices or in pinned host memory (checkpoint.local_copy_in), now that the
+    step's memory is known; said where they go to host memory."""
+    step = device_memory.step_bytes(compiled_step)
+    held = max(device_memory.bytes_per_device(target).values(), default=0)
+    limit = min(device_memory.limits().values(), default=None)
+    place = local_room.copy_place(copy_in, step, held, limit)
+    self.take = pinned_copy if place == "host" else device_copy
+    if place == "host":
+      console(f"local tier: {local_room.place_line(place, step, held, limit)}")
+
   def held(self, source: int) -> str:
     return os.path.join(self.root, "held", str(source))
 
@@ -95,7 +109,7 @@ class LocalTier:
     run, and writes and sends them. `finite_flags`: the (finite, count) scalars of the steps since the
     loop last checked; a copy of a state after a non-finite step is dropped."""
     self.wait()
-    on_devices = device_copy(state)  # Not donated by the next step, unlike `state`.
+    on_devices = self.take(state)  # Not donated by the next step, unlike `state`.
     record = {"step": step, "position": position, "config": self.config_json}
     manifest = {"step": step, "process": self.me, "processes": self.processes, "checked": checked}
     self._released, self._kept = threading.Event(), False

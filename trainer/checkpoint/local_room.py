@@ -31,12 +31,37 @@ def shortfall(local_dir: str, state_bytes: int, partnered: bool = True) -> str |
     have = shutil.disk_usage(local_dir).free + _bytes_under(local_dir)
   except OSError as e:
     return f"checkpoint.local_dir={local_dir} cannot be used ({e.strerror or e})"
-  if have >= (1 + partnered) * (KEEP + 1) * state_bytes:
+  need = (1 + partnered) * (KEEP + 1) * state_bytes
+  if have < need:
+    return (
+      f"checkpoint.local_dir={local_dir} has {have / 2**20:.1f} MiB of room and the local and peer tiers "
+      f"need {memory_line(state_bytes, partnered)}"
+    )
+  # A folder in host memory (tmpfs, /dev/shm) is often as large as the memory itself, which the process
+  # and the copy in flight (its shards read from the devices, and a pinned copy) need too.
+  available = device_memory.host_available_bytes() if _in_memory(local_dir) else None
+  more = need - _bytes_under(local_dir) + 2 * state_bytes
+  if available is None or more <= available:
     return None
   return (
-    f"checkpoint.local_dir={local_dir} has {have / 2**20:.1f} MiB of room and the local and peer tiers "
-    f"need {memory_line(state_bytes, partnered)}"
+    f"checkpoint.local_dir={local_dir} is in host memory, of which {available / 2**20:.1f} MiB is "
+    f"available, and the local and peer tiers need {memory_line(state_bytes, partnered)} and "
+    f"{2 * state_bytes / 2**20:.1f} MiB for the copy in flight"
   )
+
+
+def _in_memory(folder: str) -> bool:
+  """Whether `folder` lies on a file system kept in memory (the longest mount point above it)."""
+  path, best, kind = os.path.realpath(folder), "", ""
+  try:
+    with open("/proc/mounts") as f:
+      mounts = [line.split()[1:3] for line in f]
+  except OSError:
+    return False
+  for point, fs in mounts:
+    if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+      best, kind = point, fs
+  return kind in ("tmpfs", "ramfs")
 
 
 ROOM = (
@@ -55,16 +80,40 @@ def memory_line(state_bytes: int, partnered: bool = True) -> str:
   )
 
 
-def inspect_line(config, target) -> str:
-  """--mode=inspect's account of the tiers' host memory (`target`: the abstract state, with shardings)."""
+def copy_place(copy_in: str, step_bytes: int, state_bytes: int, limit: int | None) -> str:
+  """Where a copy is taken ('device' or 'host', checkpoint.local_copy_in): on the devices it costs the
+  next step nothing but holds one more state (`state_bytes` on the fullest device) beside the step's
+  `step_bytes` while it runs; in pinned host memory it takes no device memory, but the next step waits
+  for its transfers. auto: on the devices unless the two exceed the device's memory `limit`."""
+  if copy_in != "auto":
+    return copy_in
+  return "host" if limit is not None and step_bytes + state_bytes > limit else "device"
+
+
+def place_line(place: str, step_bytes: int, state_bytes: int, limit: int | None) -> str:
+  if place == "device":
+    return f"copies taken on the devices (one more state there while one is in flight: {_mib(state_bytes)})"
+  line = "copies taken in pinned host memory (the next step waits for their transfers)"
+  if limit is not None and step_bytes + state_bytes > limit:
+    line += f": the step's {_mib(step_bytes)} and a copy's {_mib(state_bytes)} exceed a device's "
+    line += _mib(limit)
+  return line
+
+
+def inspect_line(config, target, place_said: str) -> str:
+  """--mode=inspect's account of the tiers' memory (`target`: the abstract state, with shardings)."""
   if config.checkpoint.local_every == 0:
     return "local and peer tiers: off (checkpoint.local_every=0)"
   per_device = max(device_memory.bytes_per_device(target, addressable_only=False).values(), default=0)
   return (
     f"local and peer tiers: {memory_line(state_bytes(target))} for process {jax.process_index()}'s "
-    f"{len(jax.local_devices())} devices (the fullest device holds {per_device / 2**20:.1f} MiB of the "
-    f"state: a process copies its devices' distinct shards)"
+    f"{len(jax.local_devices())} devices (the fullest device holds {_mib(per_device)} of the "
+    f"state: a process copies its devices' distinct shards); {place_said}"
   )
+
+
+def _mib(n: int) -> str:
+  return f"{n / 2**20:.1f} MiB"
 
 
 def _bytes_under(folder: str) -> int:

@@ -45,6 +45,12 @@ def device_copy(state):
   return jax.tree.map(jnp.copy, state)
 
 
+def pinned_copy(state):
+  """A copy of `state` in its devices' pinned host memory (dispatched, not waited for): no device memory,
+  but the next step, which donates `state`, waits until the transfers have read it."""
+  return jax.tree.map(lambda x: jax.device_put(x, x.sharding.with_memory_kind("pinned_host")), state)
+
+
 def to_state(saved: dict, target):
   """`target` (abstract, with shardings) filled from `saved` shards; KeyError if a shard is missing."""
 

@@ -203,6 +203,15 @@ KEYS = {
     "unless the loop waits for it (the next copy, the run's end) or takes no step for 0.1 s (a part goes "
     "then: a stalled loop never holds a copy back).",
   ),
+  "checkpoint.local_copy_in": Key(
+    "auto",
+    one_of("auto", "device", "host"),
+    keys.FREE,
+    "Where a local-tier copy is taken. device: a copy on the devices, brought to host memory beside the "
+    "next steps (one more state in device memory meanwhile); host: straight into pinned host memory (no "
+    "device memory; the next step waits for the transfers); auto: device unless the compiled step and "
+    "one more state exceed a device's memory (said at the start and in --mode=inspect).",
+  ),
   "checkpoint.local_dir": Key(
     "",
     text,

@@ -156,11 +156,20 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
   exchanged = sum(e["sent_bytes_per_device"] for e in table if e["kind"] == "all-to-all")
   permuted = sum(e["sent_bytes_per_device"] for e in table if e["kind"] == "collective-permute")
   exchange = exchange_minimum(comp.experiment, config, dict(comp.mesh.shape))
-  per_device = memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
-  per_device += memory.temp_size_in_bytes
+  per_device = device_memory.step_bytes(compiled)
   param_max, opt_max = max_per_device(param_leaves), max_per_device(opt_leaves)
   if config.checks.recompute_every:  # A checked step keeps the step's own result while it runs again.
     per_device += param_max + opt_max
+  # A local-tier copy taken on the devices holds one more state there while the next step runs.
+  state_max, limit = max_per_device(target), None
+  if accelerator is not None:
+    limit = accelerator.memory_bytes
+  elif (limits := device_memory.limits()).values():
+    limit = min(limits.values())
+  step_only = per_device
+  place = local_room.copy_place(config.checkpoint.local_copy_in, step_only, state_max, limit)
+  local_copy = state_max if config.checkpoint.local_every and place == "device" else 0
+  per_device += local_copy
   loops = sum(1 for line in hlo.splitlines() if " while(" in line)
   model = flops.per_step(comp.experiment, config, state_lib.param_count(target.params))
   return {
@@ -191,7 +200,9 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
         "output": memory.output_size_in_bytes,
         "temp": memory.temp_size_in_bytes,
         "alias": memory.alias_size_in_bytes,
-        # Arguments + outputs - donated (aliased) + temporaries (+ the state again with recompute checks).
+        "local_copy": local_copy,
+        # Arguments + outputs - donated (aliased) + temporaries (+ the state again with recompute checks,
+        # + a local-tier copy taken on the devices).
         "total": per_device,
       },
       # XLA's cost analysis is of the partitioned program one device runs (8 devices: 1/8 of a matmul),
@@ -213,7 +224,9 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
       "all_to_all_minimum_bytes_per_device": None if exchange is None else exchange[0],
       "all_to_all_minimum_formula": None if exchange is None else exchange[1],
     },
-    "local_tier": local_room.inspect_line(config, target),
+    "local_tier": local_room.inspect_line(
+      config, target, local_room.place_line(place, step_only, state_max, limit)
+    ),
     "expert_placement": expert_placement(params, dict(comp.mesh.shape)),
     # The experiment's own account of what compiled (the LM: its attention implementation).
     "experiment_notes": list(
@@ -253,6 +266,7 @@ def inspect(config, workdir: str, target_device: str | None = None) -> dict:
     f"compiled step per device: arguments {m['argument']:,} B, outputs {m['output']:,} B, "
     f"temporaries {m['temp']:,} B (donated {m['alias']:,} B): {m['total']:,} B in all"
     + (" (with one more state: a step the recompute check repeats)" if config.checks.recompute_every else "")
+    + (f" (with a local-tier copy on the devices, {m['local_copy']:,} B)" if m["local_copy"] else "")
   )
   console(out["local_tier"])
   loops = f"; XLA counts each of its {c['loops']} loops' body once" if c["loops"] else ""
