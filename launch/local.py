@@ -36,6 +36,7 @@ import argparse
 import ctypes
 import os
 import queue
+import secrets
 import signal
 import socket
 import subprocess
@@ -291,6 +292,9 @@ def main(argv: list[str]) -> int:
   for key, value in CHILD_ENV_DEFAULTS.items():
     env.setdefault(key, value)
   env["PYTHONUNBUFFERED"] = "1"  # Lines arrive as they are printed, not when a buffer fills.
+  # The job's peer-service secret (trainer/cluster/peers.py), kept for its restarts: only its processes
+  # (and their user) can read it.
+  env.setdefault("PEER_SECRET", secrets.token_hex(32))  # peers.SECRET_ENV (no JAX imported here).
 
   def new_job(processes: int, env: dict[str, str]) -> Job:
     """One launch of `processes` processes, on a port of its own unless --port fixes it."""

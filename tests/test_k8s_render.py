@@ -146,12 +146,27 @@ def test_schema_catches_a_broken_manifest(mutate, fragment):
 
 def test_gpu_manifest_conforms_to_the_schemas():
   objects = k8s.render(**BASE)
-  assert [o["kind"] for o in objects] == ["Service", "NetworkPolicy", "JobSet"]  # Apply order.
+  assert [o["kind"] for o in objects] == ["Service", "NetworkPolicy", "Secret", "JobSet"]  # Apply order.
   for o in objects:
     assert schema.validate_object(o) == []
   [error] = schema.validate_object(json.loads(k8s.to_json(objects)))  # A kind it does not model.
   assert error.startswith("$: no schema for apiVersion='v1' kind='List'")
-  assert [o["kind"] for o in k8s.render(**BASE, service=False, network_policy=False)] == ["JobSet"]
+  bare = k8s.render(**BASE, service=False, network_policy=False)
+  assert [o["kind"] for o in bare] == ["Secret", "JobSet"]
+
+
+def test_every_pod_reads_the_jobs_own_peer_secret_and_another_rendering_gets_another():
+  """trainer/cluster/peers.py refuses a caller without the secret: each pod mounts it read-only for
+  its user and names the file in PEER_SECRET_FILE; the secret is made anew per rendering."""
+  objects = k8s.render(**BASE)
+  secret, pod = _by_kind(objects)["Secret"], _gpu_pod(objects)
+  assert len(secret["stringData"]["secret"]) == 64
+  [volume] = [v for v in pod["volumes"] if "secret" in v]
+  assert volume["secret"] == {"secretName": secret["metadata"]["name"], "defaultMode": 0o400}
+  [mount] = [m for m in _container(pod)["volumeMounts"] if m["name"] == volume["name"]]
+  assert mount["readOnly"] is True
+  assert _env(_container(pod))["PEER_SECRET_FILE"]["value"] == f"{mount['mountPath']}/secret"
+  assert _by_kind(k8s.render(**BASE))["Secret"]["stringData"] != secret["stringData"]
 
 
 def test_only_the_jobs_own_pods_reach_the_coordinator_and_peer_ports():
@@ -244,7 +259,12 @@ def test_workdir_volume_and_shared_memory():
   volumes = {v["name"]: v for v in pod["volumes"]}
   mounts = {m["name"]: m["mountPath"] for m in _container(pod)["volumeMounts"]}
   assert volumes["workdir"]["persistentVolumeClaim"] == {"claimName": "runs"}
-  assert mounts == {"workdir": "/runs", "dshm": "/dev/shm", "local-tier": "/local-tier"}
+  assert mounts == {
+    "workdir": "/runs",
+    "dshm": "/dev/shm",
+    "local-tier": "/local-tier",
+    "peer-secret": "/var/run/peer-secret",
+  }
   assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
   # The local checkpoint tier on the node (memory-backed), per job: a recreated pod finds its copies.
   assert volumes["local-tier"]["hostPath"] == {
@@ -261,7 +281,8 @@ def test_workdir_volume_and_shared_memory():
       gpus_per_replica=0,
     )
   )
-  assert pod["volumes"] == [] and _container(pod)["volumeMounts"] == []
+  assert [v["name"] for v in pod["volumes"]] == ["peer-secret"]  # Only the job's secret.
+  assert [m["name"] for m in _container(pod)["volumeMounts"]] == ["peer-secret"]
   assert "resources" not in _container(pod)
 
 
@@ -332,16 +353,21 @@ CLI = [
 ]
 
 
+def _unsecret(objects: list[dict]) -> list[dict]:
+  """The objects with the peer secret's value, made anew per rendering, left out."""
+  return [{**o, "stringData": "..."} if o["kind"] == "Secret" else o for o in objects]
+
+
 def test_cli_writes_yaml_to_stdout(capsys):
   assert k8s.main(CLI) == 0
-  assert list(yaml.safe_load_all(capsys.readouterr().out)) == k8s.render(**BASE)
+  assert _unsecret(list(yaml.safe_load_all(capsys.readouterr().out))) == _unsecret(k8s.render(**BASE))
 
 
 def test_cli_writes_json_to_a_file(tmp_path, capsys):
   out = tmp_path / "job.json"
   assert k8s.main(["--format=json", f"--output={out}", *CLI]) == 0
   document = json.loads(out.read_text())
-  assert document["kind"] == "List" and document["items"] == k8s.render(**BASE)
+  assert document["kind"] == "List" and _unsecret(document["items"]) == _unsecret(k8s.render(**BASE))
   assert "wrote" in capsys.readouterr().err
 
 
@@ -357,7 +383,7 @@ def test_cli_runs_as_a_script():
     [sys.executable, "launch/k8s/render.py", "--format=json", *CLI], cwd=REPO, capture_output=True, text=True
   )
   assert result.returncode == 0, result.stderr
-  assert json.loads(result.stdout)["items"] == k8s.render(**BASE)
+  assert _unsecret(json.loads(result.stdout)["items"]) == _unsecret(k8s.render(**BASE))
 
 
 def test_yaml_output_falls_back_to_json_without_pyyaml(monkeypatch):

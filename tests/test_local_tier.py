@@ -7,9 +7,12 @@ copy is being made whole (torn), and with both copies of its shards gone. The lo
 uninterrupted run's bit for bit, and each restart says which tier and copy it resumed from.
 """
 
+import json
 import os
+import pickle
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -35,12 +38,13 @@ FLAGS = [
 
 
 class _Job:
-  def __init__(self, workdir, local_dir, pauses_file, *launcher_flags):
+  def __init__(self, workdir, local_dir, pauses_file, *launcher_flags, env=None):
     main = ["--main=tests/main_with_pauses.py", "--", f"@{pauses_file}"] if pauses_file else ["--"]
     self.proc = subprocess.Popen(
       [sys.executable, "launch/local.py", "--processes=2", "--cpu_devices=4", *launcher_flags, *main]
       + [*FLAGS, f"--config.checkpoint.local_dir={local_dir}", f"--workdir={workdir}"],
       cwd=REPO,
+      env=env,
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
       text=True,
@@ -80,6 +84,48 @@ def _process_pid(launcher_pid: int, process: int) -> int:
   raise AssertionError(f"no process {process} under the launcher")
 
 
+def _two_free_ports() -> int:
+  """A port P with P + 1 free too (now): a job's two peer services, PEER_PORT_BASE = P."""
+  for _ in range(50):
+    with socket.socket() as a, socket.socket() as b:
+      a.bind(("127.0.0.1", 0))
+      try:
+        b.bind(("127.0.0.1", a.getsockname()[1] + 1))
+      except OSError:
+        continue
+      return a.getsockname()[1]
+  raise AssertionError("no two free ports in a row")
+
+
+class _Evil:
+  """A pickle that runs code where it is loaded: it creates `sentinel`."""
+
+  def __init__(self, sentinel):
+    self.sentinel = str(sentinel)
+
+  def __reduce__(self):
+    return (open, (self.sentinel, "w"))
+
+
+def _attack(address: str, sentinel) -> None:
+  """What a stranger who reaches a peer port can send: a copy whose shards are a crafted pickle, as a
+  frame straight away (the service before it had a handshake) and after a handshake under a guessed
+  secret."""
+  from trainer.cluster import peers
+
+  manifest = json.dumps({"step": 1, "process": 0, "fingerprint": "x", "xxh3_128": "0"}).encode()
+  payload = len(manifest).to_bytes(8, "big") + manifest + pickle.dumps(_Evil(sentinel))
+  host, port = address.rsplit(":", 1)
+  for guess in (None, b"guessed"):
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+      nonce = bytes(peers.read_exactly(s, len(peers.MAGIC) + 32)[len(peers.MAGIC) :])
+      if guess is not None:
+        s.sendall(b"n" * 32 + peers._proof(guess, b"caller", nonce, b"n" * 32))
+      s.sendall(peers.encode(local.PUT, payload))
+      s.shutdown(socket.SHUT_WR)
+      assert s.recv(1) == b"", "the peer service answered a stranger"
+
+
 def _wait_for_file(path, timeout=60) -> None:
   deadline = time.time() + timeout
   while not os.path.exists(path):
@@ -101,7 +147,12 @@ def test_a_killed_process_loses_at_most_a_step_from_every_tier_and_the_losses_st
   held = lambda p, src, step: local_dir / f"process_{p}" / "held" / str(src) / str(step)  # noqa: E731
   phases = [(k1, "read"), (k2, "read"), (k3, "local"), (k4, "read")]
   pauses.write_text(f"read=60@{k1}/p1")
-  straight = _Job(tmp_path / "straight", tmp_path / "straight_local", None)
+  # The undisturbed run, against which the losses are compared, gets a stranger's crafted copies.
+  port, sentinel = _two_free_ports(), tmp_path / "code-ran"
+  env = {**os.environ, "PEER_PORT_BASE": str(port)}
+  straight = _Job(tmp_path / "straight", tmp_path / "straight_local", None, env=env)
+  straight.wait_for("[p0] step 1/")
+  _attack(f"127.0.0.1:{port + 1}", sentinel)
   job = _Job(tmp_path / "run", local_dir, pauses, "--max_restarts=4", "--restart_backoff_s=0.5")
   try:
     seen = 0
@@ -119,6 +170,9 @@ def test_a_killed_process_loses_at_most_a_step_from_every_tier_and_the_losses_st
       seen = job.wait_for("[launch] restart", seen)
     assert job.finish() == 0, job.output()
     assert straight.finish() == 0, straight.output()
+    refused = [line for line in straight.lines if "refused a connection" in line]
+    assert len(refused) == 1 and refused[0].startswith("[p1] warning: peer service of process 1"), refused
+    assert not sentinel.exists()
   finally:
     job.finish(timeout=1)
     straight.finish(timeout=1)
@@ -236,25 +290,65 @@ def test_a_torn_or_garbled_copy_is_never_whole(tmp_path):
   local_copies.write_copy(str(tmp_path), 3, blob, manifest)
   local_copies.write_copy(str(tmp_path), 4, blob, {**manifest, "step": 4})
   (tmp_path / "5.tmp").mkdir()  # A kill before the rename.
-  (tmp_path / "5.tmp" / "shards.pkl").write_bytes(b"shar")
+  (tmp_path / "5.tmp" / local_copies.SHARDS).write_bytes(b"shar")
   assert local_copies.whole_copies(str(tmp_path)) == {3: "f", 4: "f"}
-  (tmp_path / "4" / "shards.pkl").write_bytes(b"shardz")  # Damaged after the fact.
+  (tmp_path / "4" / local_copies.SHARDS).write_bytes(b"shardz")  # Damaged after the fact.
   assert local_copies.whole_copies(str(tmp_path)) == {3: "f"}
-  torn = os.stat(tmp_path / "5.tmp" / "shards.pkl").st_ino
+  torn = os.stat(tmp_path / "5.tmp" / local_copies.SHARDS).st_ino
   for step in (5, 6, 7):
     local_copies.write_copy(str(tmp_path), step, blob, {**manifest, "step": step})
-  assert os.stat(tmp_path / "5" / "shards.pkl").st_ino == torn  # Written over, as a spare is.
+  assert os.stat(tmp_path / "5" / local_copies.SHARDS).st_ino == torn  # Written over, as a spare is.
   # The newest KEEP and the copy out of them kept as the spare; torn leftovers removed.
   assert sorted(os.listdir(tmp_path)) == ["5", "6", "7", "spare"]
-  assert os.listdir(tmp_path / "spare") == ["shards.pkl"]  # Its manifest gone: never whole.
+  assert os.listdir(tmp_path / "spare") == [local_copies.SHARDS]  # Its manifest gone: never whole.
   assert sorted(local_copies.whole_copies(str(tmp_path))) == [5, 6, 7]
-  spare = os.stat(tmp_path / "spare" / "shards.pkl").st_ino
+  spare = os.stat(tmp_path / "spare" / local_copies.SHARDS).st_ino
   short = b"s"  # Written over the spare's longer file: its tail cut, its checksum whole.
   manifest = {**manifest, "step": 8, local_copies.CHECKSUM: local_copies.checksum(short)}
   local_copies.write_copy(str(tmp_path), 8, short, manifest)
-  assert os.stat(tmp_path / "8" / "shards.pkl").st_ino == spare
+  assert os.stat(tmp_path / "8" / local_copies.SHARDS).st_ino == spare
   assert local_copies.read_copy(str(tmp_path), 8)[1] == short
   assert sorted(os.listdir(tmp_path)) == ["6", "7", "8", "spare"]
+
+
+def test_a_copy_is_data_read_back_exactly_and_a_header_that_lies_is_refused():
+  """shards.bin: JSON and raw bytes, read as numpy views; never unpickled, whatever a partner sends."""
+  import ml_dtypes
+
+  shards = {
+    "params/w": {((0, 2), (0, 3)): np.arange(6, dtype=np.float32).reshape(2, 3)},
+    "opt/mu": {((0, 4),): np.arange(4).astype(ml_dtypes.bfloat16), ((4, 8),): np.ones(4, ml_dtypes.bfloat16)},
+    "step": {(): np.array(7, np.int32)},
+  }
+  record = {"step": 7, "position": {"batch": 7}, "config": {"seed": 1}, "shards": shards}
+  parts = []
+  local_copies.dump_record(record, parts.append)
+  blob = b"".join(bytes(p) for p in parts)
+  back = local_copies.load_record(blob)
+  assert {k: v for k, v in back.items() if k != "shards"} == {
+    k: v for k, v in record.items() if k != "shards"
+  }
+  for path, by_index in shards.items():
+    for index, array in by_index.items():
+      got = back["shards"][path][index]
+      assert got.dtype == array.dtype and got.shape == array.shape, (path, index)
+      np.testing.assert_array_equal(got.astype(np.float32), array.astype(np.float32))
+  n = int.from_bytes(blob[:8], "big")
+  header = json.loads(blob[8 : 8 + n])
+
+  def lie(**changes):
+    entry = {**header["arrays"][0], **changes}
+    text = json.dumps({**header, "arrays": [entry]}).encode()
+    return len(text).to_bytes(8, "big") + text + blob[8 + n :]
+
+  for changes, why in [
+    ({"dtype": "object"}, "not a number's"),
+    ({"dtype": "V8"}, "not a number's"),
+    ({"shape": [1 << 40]}, "outside its bytes"),
+    ({"offset": -8}, "outside its bytes"),
+  ]:
+    with pytest.raises(ValueError, match=why):
+      local_copies.load_record(lie(**changes))
 
 
 def test_a_send_to_the_partner_is_tried_again_while_the_link_fails_up_to_the_peer_timeout(

@@ -13,6 +13,13 @@ import pytest
 from trainer.cluster import links, liveness, peers
 
 
+@pytest.fixture(autouse=True)
+def job_secret(monkeypatch):
+  """A job's secret, as launch/local.py gives its processes; read afresh by each test."""
+  monkeypatch.setenv(peers.SECRET_ENV, "0123456789abcdef0123456789abcdef")
+  monkeypatch.setattr(peers, "_secret", [])
+
+
 @pytest.mark.parametrize("processes", [2, 3, 5, 16])
 def test_each_process_probes_one_peer_a_round_is_probed_once_and_covers_every_pair(processes):
   rounds = processes - 1
@@ -54,6 +61,59 @@ def test_the_service_answers_a_probe_for_itself_and_refuses_others():
       peers.request(service.address, 9, b"", timeout_s=5)
   finally:
     service.close()
+
+
+def test_a_connection_without_the_jobs_secret_is_refused_once_per_address_and_reaches_no_handler(capfd):
+  """A stranger on the network: a crafted pickle sent as a frame, an HMAC under another secret, a caller
+  that meets a listener without the secret; no handler runs, one line per address, the service goes on."""
+  import pickle
+
+  reached = []
+  service = peers.PeerService(2, "127.0.0.1", 0)
+  service.handlers[7] = reached.append
+  host, port = service.address.rsplit(":", 1)
+  crafted = pickle.dumps(types.SimpleNamespace)  # Any pickle: none is ever read from the network.
+  try:
+    for attempt in range(3):
+      with socket.create_connection((host, int(port)), timeout=5) as s:
+        nonce = bytes(peers.read_exactly(s, len(peers.MAGIC) + 32)[4:])
+        if attempt == 0:  # A frame straight away, as before the handshake.
+          s.sendall(peers.encode(7, crafted))
+          s.shutdown(socket.SHUT_WR)
+        else:  # The handshake under another secret.
+          s.sendall(os.urandom(32) + peers._proof(b"another job's secret", b"caller", nonce, b"x" * 32))
+        assert s.recv(1) == b"", "a caller without the secret got an answer"
+    impostor = peers.PeerService(3, "127.0.0.1", 0, secret=b"another job's secret")
+    try:
+      with pytest.raises(peers.PeerError, match="refused at the handshake"):
+        peers.request(impostor.address, 7, crafted, timeout_s=5)
+      with socket.socket() as fake:  # A listener that answers any caller, with a proof under no secret.
+        fake.bind(("127.0.0.1", 0))
+        fake.listen()
+        answer = threading.Thread(target=lambda: _answer_blindly(fake), daemon=True)
+        answer.start()
+        with pytest.raises(peers.PeerError, match="the listener does not hold this job's secret"):
+          peers.request(f"127.0.0.1:{fake.getsockname()[1]}", 7, b"", timeout_s=5)
+        answer.join(5)
+    finally:
+      impostor.close()
+    peers.probe(service.address, me=1, peer=2, timeout_s=5)  # The job's own callers still get through.
+  finally:
+    service.close()
+  assert reached == []
+  refusals = [line for line in capfd.readouterr().err.splitlines() if "process 2: refused" in line]
+  assert refusals == [
+    "warning: peer service of process 2: refused a connection from 127.0.0.1: it does not hold this job's "
+    "secret (said once per address)"
+  ], refusals
+
+
+def _answer_blindly(listener: socket.socket) -> None:
+  conn, _ = listener.accept()
+  with conn:
+    conn.sendall(peers.MAGIC + os.urandom(32))
+    peers.read_exactly(conn, 64)
+    conn.sendall(os.urandom(32))
 
 
 def test_a_lost_link_is_named_with_both_ends_only_while_the_peer_still_answers_process_0(monkeypatch):

@@ -219,6 +219,10 @@ _DEFS = {
       },
     },
   },
+  "Secret": {
+    "required": ["apiVersion", "kind", "metadata", "stringData"],
+    "properties": {"metadata": REF("ObjectMeta")},
+  },
   "NetworkPolicy": {
     "required": list(TOP_LEVEL),
     "properties": {

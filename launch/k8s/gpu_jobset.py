@@ -5,6 +5,7 @@ inputs, calls _gpu_objects and validates what it returns; render.py's docstring 
 does.
 """
 
+import secrets
 from types import SimpleNamespace
 
 from launch import gpu_flags
@@ -26,6 +27,7 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 # trainer/cluster/peers.py: process I's peer service (the link probes between every pair of processes)
 # listens on PEER_PORT_BASE + I; the manifest sets the base to the coordinator port + 1, its default.
 PEER_PORT_BASE_ENV = "PEER_PORT_BASE"
+PEER_SECRET_MOUNT = "/var/run/peer-secret"  # The Secret's file `secret`: PEER_SECRET_FILE.
 LOCAL_TIER_MOUNT = "/local-tier"  # Where the pod sees its node's local-tier folder (checkpoint.local_dir).
 
 
@@ -42,6 +44,9 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
     path = f"{o.local_tier_host_path.rstrip('/')}/{o.name}"
     volumes.append({"name": "local-tier", "hostPath": {"path": path, "type": "DirectoryOrCreate"}})
     mounts.append({"name": "local-tier", "mountPath": LOCAL_TIER_MOUNT})
+  # The peer service's secret (trainer/cluster/peers.py), readable by the container's user only.
+  volumes.append({"name": "peer-secret", "secret": {"secretName": f"{o.name}-peer", "defaultMode": 0o400}})
+  mounts.append({"name": "peer-secret", "mountPath": PEER_SECRET_MOUNT, "readOnly": True})
   # XLA's GPU throughput flags (launch/gpu_flags.py), then an --env XLA_FLAGS of yours: later ones win.
   xla_flags = []
   if o.gpus_per_replica:
@@ -54,6 +59,7 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
       _env("JAX_NUM_PROCESSES", str(o.replicas)),
       _env("JAX_PROCESS_ID", field=COMPLETION_INDEX),
       _env(PEER_PORT_BASE_ENV, str(peer_ports(o.port, o.replicas)[0])),
+      _env("PEER_SECRET_FILE", f"{PEER_SECRET_MOUNT}/secret"),
       *xla_flags,
     ],
     mounts,
@@ -100,7 +106,7 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
       ],
     },
   }
-  objects = [jobset]
+  objects = [_peer_secret(o.name, o.namespace), jobset]
   if o.network_policy:
     objects.insert(0, _coordinator_policy(o.name, o.namespace, o.port, o.replicas))
   if o.service:
@@ -112,10 +118,11 @@ def _gpu_objects(o: SimpleNamespace) -> list[dict]:
 
 def _coordinator_policy(name: str, namespace: str, port: int, replicas: int) -> dict:
   """Admits the coordinator port and the peer services' ports (port + 1 .. port + replicas) only from the
-  job's own pods: neither JAX's coordination service nor the peer service has authentication, so anyone
-  who reaches them could join or disturb the job. Every other port stays open as without a policy (NCCL
-  between the pods, a metrics scraper): one rule for the job's pods, one for everyone that leaves out
-  those ports. Needs a network plugin that enforces policies."""
+  job's own pods: JAX's coordination service has no authentication, so anyone who reaches it could join or
+  disturb the job (the peer service refuses callers without the job's secret, but is kept as close). Every
+  other port stays open as without a policy (NCCL between the pods, a metrics scraper): one rule for the
+  job's pods, one for everyone that leaves out those ports. Needs a network plugin that enforces
+  policies."""
   pods = {"podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": name}}}
   last = peer_ports(port, replicas)[1]  # The coordinator's port, then the peer range right above it.
   others = [{"port": lo, "endPort": hi} for lo, hi in ((1, port - 1), (last + 1, 65535)) if lo <= hi]
@@ -131,6 +138,18 @@ def _coordinator_policy(name: str, namespace: str, port: int, replicas: int) -> 
         {"ports": [{"protocol": p, **r} for p in ("TCP", "UDP") for r in others]},
       ],
     },
+  }
+
+
+def _peer_secret(name: str, namespace: str) -> dict:
+  """A secret made here, per rendering: every pod of the job mounts it; a stranger who reaches the peer
+  ports without it is refused. Render again for a new one."""
+  return {
+    "apiVersion": "v1",
+    "kind": "Secret",
+    "metadata": {"name": f"{name}-peer", "namespace": namespace},
+    "type": "Opaque",
+    "stringData": {"secret": secrets.token_hex(32)},
   }
 
 

@@ -11,8 +11,10 @@ trainer/cluster/runtime.py reads to join the job; process I is the pod's Job com
 is pod `<name>-worker-0-0`, reachable as `<name>-worker-0-0.<name>:PORT` through the headless Service
 `<name>` (the JobSet's network subdomain); process I's peer service (the link probes between every pair
 of processes, trainer/cluster/peers.py) listens on PORT + 1 + I, and the NetworkPolicy admits those
-ports and the coordinator's from the job's own pods only. The workdir is a PersistentVolumeClaim mounted
-in every pod, and holds the compilation cache every run on it shares (MOUNT/.compilation_cache: a
+ports and the coordinator's from the job's own pods only; the peer services also refuse any caller without the
+job's secret, a Secret `<name>-peer` made anew per rendering and mounted in every pod. The workdir is a
+PersistentVolumeClaim mounted in every pod, and holds the compilation cache every run on it shares
+(MOUNT/.compilation_cache: a
 pod's home dies with the pod). Any failed pod fails the Job (backoffLimit 0; a lone restarted process
 cannot rejoin a running jax.distributed job) and the JobSet then recreates every pod, up to
 `max_restarts` times; the new processes resume from the last checkpoint in the workdir. A process

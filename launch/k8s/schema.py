@@ -4,7 +4,7 @@ Each object is checked twice, and every error of both is reported:
 
 - Its structure: the field names (strict: an unknown field is an error, the usual way a hand-edited
   manifest goes wrong and one `kubectl apply` may only warn about), their types and the required ones.
-  Core kinds (Service, NetworkPolicy) go through kubernetes-validate in strict mode, which ships the
+  Core kinds (Service, Secret, NetworkPolicy) go through kubernetes-validate in strict mode, which ships the
   Kubernetes OpenAPI schemas of each release in the package (it reports an object's first error). The
   JobSet goes through `jsonschema` against the JobSet CRD's schema vendored in launch/k8s/vendor/,
   whose Job template refers to the same Kubernetes definitions.
@@ -35,7 +35,7 @@ from launch.k8s.api_rules import RULES
 # The sidecar containers of --pathways (an init container's restartPolicy) need 1.29.
 KUBERNETES_VERSION = "1.29.0"
 JOBSET_SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor", "jobset-v1alpha2.json")
-CORE_KINDS = {("v1", "Service"), ("networking.k8s.io/v1", "NetworkPolicy")}
+CORE_KINDS = {("v1", "Service"), ("v1", "Secret"), ("networking.k8s.io/v1", "NetworkPolicy")}
 KINDS = sorted({("jobset.x-k8s.io/v1alpha2", "JobSet"), *CORE_KINDS})
 
 

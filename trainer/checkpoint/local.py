@@ -29,7 +29,6 @@ import collections
 import hashlib
 import json
 import os
-import pickle
 import queue
 import shutil
 import socket
@@ -172,7 +171,7 @@ class LocalTier:
         self._idle.set()
 
   def _write(self, on_devices: list, finite_flags: list, record: dict, manifest: dict) -> None:
-    """Brings the shards to host memory, pickles them straight to their file (checksummed on the way), makes
+    """Brings the shards to host memory, writes them straight to their file (checksummed on the way), makes
     the copy whole once released, then streams the file to the partner."""
     step = record["step"]
     try:
@@ -183,7 +182,7 @@ class LocalTier:
       self._paced_s = 0.0
       paced = self._next_part if self.pace_bytes < float("inf") else lambda: None
       record["shards"] = host_copy(on_devices.pop(), self.pace_bytes, paced)  # Device memory freed after.
-      digest = copies.stage(self.own, step, lambda w: pickle.dump(record, w, protocol=5))
+      digest = copies.stage(self.own, step, lambda w: copies.dump_record(record, w.write))
       staged_s = time.time() - started - self._paced_s
       self._released.wait()
       released = time.time()
@@ -287,7 +286,7 @@ class LocalTier:
       if copies.checksum(blob) != manifest[copies.CHECKSUM]:
         raise OSError(f"process {holder}'s copy of step {step} arrived damaged")
       copy, where = (manifest, blob), f"process {holder}'s copy"
-    return pickle.loads(copy[1]), where
+    return copies.load_record(copy[1]), where
 
   def discard_after(self, step: int) -> set[int]:
     """Removes own and held copies newer than `step` (a rollback, a failed check, a resume from before

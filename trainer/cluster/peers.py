@@ -9,16 +9,21 @@ taken or past 65535 falls back to one the kernel picks, with a warning: every pr
 address it really listens on in the coordination service (`peers/I`), so peers still find it where
 the network does not filter ports. The address is that of the interface that routes to process 0.
 
-Framing, the same for a request and its reply, one request per connection:
+Every connection first proves, both ways, that it belongs to the job: the listener sends MAGIC and a
+random nonce, the caller its own nonce and an HMAC-SHA256 of both under the job's secret (job_secret),
+the listener its HMAC of both; a connection that fails is closed unanswered and said once per address
+(no handler ever sees it). Then one request and its reply, framed alike:
   4 bytes MAGIC, 1 byte message type, 8 bytes payload length (big-endian), then the payload.
 A reply's type is the request's | REPLY, or ERROR with a UTF-8 message as its payload. Frames are sent
 part by part (a file by sendfile) and a stream handler reads its payload from the socket as it
-arrives: the checkpoint tiers' copies (trainer/checkpoint/local.py) are never joined in memory. The
-service has no authentication, like JAX's coordination service: keep its ports within the job's network.
+arrives: the checkpoint tiers' copies (trainer/checkpoint/local.py) are never joined in memory. What
+arrives is data, read as data (JSON, raw array bytes), never unpickled.
 """
 
 import errno
 import fcntl
+import hashlib
+import hmac
 import json
 import os
 import select
@@ -38,6 +43,11 @@ REPLY = 0x80
 ERROR = 0xFF
 MAX_PAYLOAD = 1 << 34  # 16 GiB: a bound against a stray connection's garbage length, not a quota.
 PORT_BASE_ENV = "PEER_PORT_BASE"
+# The job's secret: hex in PEER_SECRET (launch/local.py), else in the file PEER_SECRET_FILE names
+# (launch/slurm/train.sbatch, a Kubernetes Secret), else made by process 0 and shared through the
+# coordination service (as exposed as that service: WORKSPACE).
+SECRET_ENV, SECRET_FILE_ENV = "PEER_SECRET", "PEER_SECRET_FILE"
+_NONCE = 32
 
 
 class PeerError(OSError):
@@ -142,12 +152,44 @@ def port_for(process: int, coordinator_port: int) -> int:
   return int(os.environ.get(PORT_BASE_ENV) or coordinator_port + 1) + process
 
 
+def _proof(secret: bytes, side: bytes, theirs: bytes, ours: bytes) -> bytes:
+  return hmac.new(secret, side + theirs + ours, hashlib.sha256).digest()
+
+
+def _prove_caller(sock: socket.socket, secret: bytes) -> None:
+  """The caller's side of the handshake; PeerError where the listener cannot prove it knows the secret."""
+  greeting = read_exactly(sock, len(MAGIC) + _NONCE)
+  if greeting[: len(MAGIC)] != MAGIC:
+    raise PeerError("not a peer service")
+  theirs, ours = bytes(greeting[len(MAGIC) :]), os.urandom(_NONCE)
+  sock.sendall(ours + _proof(secret, b"caller", theirs, ours))
+  try:
+    answer = bytes(read_exactly(sock, 32))
+  except PeerError:
+    raise PeerError("refused at the handshake: the listener holds another secret than this job's") from None
+  if not hmac.compare_digest(answer, _proof(secret, b"listener", theirs, ours)):
+    raise PeerError("the listener does not hold this job's secret")
+
+
+def _proves_listener(sock: socket.socket, secret: bytes) -> bool:
+  """The listener's side: whether the caller holds the secret (then it is told this side does too)."""
+  ours = os.urandom(_NONCE)
+  sock.sendall(MAGIC + ours)
+  answer = read_exactly(sock, _NONCE + 32)
+  theirs = bytes(answer[:_NONCE])
+  if not hmac.compare_digest(bytes(answer[_NONCE:]), _proof(secret, b"caller", ours, theirs)):
+    return False
+  sock.sendall(_proof(secret, b"listener", ours, theirs))
+  return True
+
+
 def request(address: str, kind: int, payload: bytes, timeout_s: float, file=None) -> bytearray:
   """Sends one request (`payload`, then `file`'s bytes) to HOST:PORT and returns the reply's payload;
   PeerError (an OSError) otherwise."""
   host, port = address.rsplit(":", 1)
   try:
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+      _prove_caller(sock, job_secret())
       send_frame(sock, kind, [payload], file)
       got, body = read_frame(sock)
   except (OSError, struct.error) as e:
@@ -175,8 +217,9 @@ class _Server(socketserver.ThreadingTCPServer):
 class PeerService:
   """Listens on `host:port` (0: a port the kernel picks) and answers with `handlers[type](payload)`."""
 
-  def __init__(self, me: int, host: str, port: int):
-    self.me = me
+  def __init__(self, me: int, host: str, port: int, secret: bytes | None = None):
+    self.me, secret = me, secret or job_secret()
+    self.refused: set[str] = set()  # Addresses whose connections failed the handshake (said once each).
     # type -> handler(payload) -> reply: bytes, or a list of bytes-like parts sent one after another.
     self.handlers = {PROBE: self._answer_probe}
     self.streams = {}  # type -> handler(socket, payload length) -> reply, for payloads too large to hold.
@@ -186,6 +229,13 @@ class PeerService:
     class Handler(socketserver.BaseRequestHandler):
       def handle(self):
         self.request.settimeout(30)
+        try:
+          proven = _proves_listener(self.request, secret)
+        except (OSError, struct.error):
+          proven = False
+        if not proven:  # Closed unanswered.
+          service.refuse(self.client_address[0])
+          return
         try:
           kind, length = read_header(self.request)
           if kind in service.streams:  # Reads its own payload from the socket.
@@ -205,6 +255,14 @@ class PeerService:
     self._server = _Server((host, port), Handler)
     self.address = f"{host}:{self._server.server_address[1]}"
     threading.Thread(target=self._server.serve_forever, daemon=True, name="peer-service").start()
+
+  def refuse(self, address: str) -> None:
+    if address not in self.refused:
+      self.refused.add(address)
+      _warn(
+        f"peer service of process {self.me}: refused a connection from {address}: it does not hold this "
+        f"job's secret (said once per address)"
+      )
 
   def _answer_probe(self, payload: bytes) -> bytes:
     asked = json.loads(payload)
@@ -268,6 +326,31 @@ def service() -> PeerService | None:
     return None
   _service.append(started)
   return started
+
+
+_secret: list[bytes] = []
+
+
+def job_secret() -> bytes:
+  """The job's peer secret (SECRET_ENV, SECRET_FILE_ENV, else process 0's shared through the coordination
+  service), read once."""
+  if _secret:
+    return _secret[0]
+  if value := os.environ.get(SECRET_ENV):
+    secret = value.encode()
+  elif path := os.environ.get(SECRET_FILE_ENV):
+    with open(path, "rb") as f:
+      secret = f.read().strip()
+  else:
+    from trainer.cluster import multihost
+
+    if jax.process_index() == 0:
+      multihost.client().key_value_set("peer_secret", os.urandom(32).hex(), allow_overwrite=True)
+    secret = multihost.client().blocking_key_value_get("peer_secret", 600_000).encode()
+  if len(secret) < 16:
+    raise ValueError(f"the job's peer secret is {len(secret)} bytes long: at least 16 are needed")
+  _secret.append(secret)
+  return secret
 
 
 def _warn(message: str) -> None:
