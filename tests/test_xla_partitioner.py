@@ -123,6 +123,31 @@ def test_a_program_that_passed_is_not_checked_again_until_it_changes(tmp_path, c
   assert len(os.listdir(tmp_path / "checked")) == 2
 
 
+def test_a_change_xla_prints_alike_is_checked_again_and_a_logging_change_is_not(
+  tmp_path, capsys, monkeypatch
+):
+  """RoPE's frequencies are a large constant, printed {...}: the same fingerprint for another
+  model.rope_base or model.rope_scaling, so the record is keyed by the config keys that can shape the
+  step too; log_every cannot, and a run that changes only it is not checked again."""
+  monkeypatch.setattr(checked_programs, "folder", lambda: str(tmp_path / "checked"))
+  agree = "checks.first_step: the first step's gradients and updates agree"
+  # Heads of 128: RoPE's 64 frequencies are a constant XLA prints as {...}.
+  wide = {"model.embed_dim": 256, "model.num_heads": 2, "checks.first_step": True}
+  config = lambda **kw: tiny_config(steps=2, **{**wide, **kw})
+  for i, changed in enumerate(
+    [
+      {},
+      {"model.rope_base": 500.0},
+      {"model.rope_scaling": "llama3", "model.rope_llama3_original_max_len": 8},
+    ]
+  ):
+    train(config(**changed), str(tmp_path / str(i)))
+    assert agree in capsys.readouterr().out, changed
+  train(config(log_every=1), str(tmp_path / "logged"))
+  assert "this train step passed on these devices on " in capsys.readouterr().out
+  assert len(os.listdir(tmp_path / "checked")) == 3
+
+
 def test_another_layout_is_another_program_and_an_invalid_one_is_skipped(tmp_path, capsys):
   """The candidate dp over (8, 1, 1) compiles to the configured program: the check takes the next
   layout (it compares programs, not labels), beside the recompute check on every later step. A

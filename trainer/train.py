@@ -174,7 +174,7 @@ def _check_first_step(run: Run, first: int, meta: dict) -> None:
   """Compiles checks.first_step's two programs for the loop's first step, unless every process has a
   record of this very program passing on these devices (trainer/checks/checked_programs.py)."""
   config, timeout_s = run.config, run.config.watchdog.startup_timeout_s
-  name = checked_programs.key(first_step.fingerprint(run.train_step), meta)
+  name = checked_programs.key(first_step.fingerprint(run.train_step), meta, config)
   verdict = None if config.checks.first_step_every_run else checked_programs.passed(name)
   if multihost.all_agree("first_step_checked", verdict is not None, timeout_s):
     console(checked_programs.line(verdict))

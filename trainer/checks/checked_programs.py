@@ -2,16 +2,19 @@
 (COMPILATION_CACHE/first_step_checked/KEY.json): a new run of a program checked before, a new workdir of
 the same config say, says so in one line and runs no second layout, unless checks.first_step_every_run.
 
-The key is the loop's own compiled step (its instructions without debug information or sharding
-annotations: first_step's fingerprint, which names its per-device shapes and collectives) with the
-device kind, platform, process count, layout (jax, jaxlib, XLA_FLAGS) and the source of the check and
-of the step it compiles (CHECKER). The check is of XLA's partitioning, which the same program on the
-same devices repeats exactly: another model, optimizer, schedule, mesh, version or flag compiles
-another program and is checked. What the check does not repeat is the values: a first step that is not
-finite (another seed or other data under the same program) is then the loop's own NaN/Inf
-handling (checkpoint.on_nonfinite) rather than exit 7; a run's values on later steps are what
-checks.replicas and checks.recompute check. Where the compilation cache is off nothing is kept; with
-compilation_cache=workdir the records stay in each workdir.
+The key is the loop's own compiled step (its instructions without debug information or sharding annotations:
+first_step's fingerprint, which names its per-device shapes and collectives) with the device kind, platform
+and its runtime's version (libtpu's build, CUDA's), process count, layout (jax, jaxlib, XLA_FLAGS), the
+source of the check and of the step it compiles (CHECKER), and the value of every config key that can shape
+the step (keys.Key.program; data keys show in the batch's shapes): XLA prints a large constant as {...}, so
+a fork that changes only `model.rope_base` compiles a program that fingerprints alike. The step the check
+compares (with gradients) is made by that same source from that same config, so the key names it too. The
+check is of XLA's partitioning, which the same program on the same devices repeats exactly: another model,
+optimizer, schedule, mesh, version or flag compiles another program and is checked. What the check does not
+repeat is the values: a first step that is not finite (another seed or other data under the same program) is
+then the loop's own NaN/Inf handling (checkpoint.on_nonfinite) rather than exit 7; a run's values on later
+steps are what checks.replicas and checks.recompute check. Where the compilation cache is off nothing is
+kept; with compilation_cache=workdir the records stay in each workdir.
 """
 
 import datetime
@@ -36,8 +39,20 @@ def folder() -> str | None:
   return os.path.join(cache, FOLDER) if cache else None
 
 
-def key(fingerprint: str, meta: dict) -> str:
-  """The verdict's name: the compiled step's fingerprint on these devices under this layout."""
+def program_keys(config) -> dict:
+  """{dotted key: value} of the config keys that can shape the compiled train step."""
+  from trainer.config import assemble, keys
+
+  declared = assemble.declared(config.experiment)
+  return {
+    k: assemble.get_key(config, k)
+    for k, key in sorted(declared.items())
+    if key.program and key.on_resume != keys.DATA
+  }
+
+
+def key(fingerprint: str, meta: dict, config) -> str:
+  """The verdict's name: the compiled step's fingerprint on these devices under this layout and config."""
   checker = hashlib.sha256()
   for path in CHECKER:
     with open(path, "rb") as f:
@@ -45,9 +60,11 @@ def key(fingerprint: str, meta: dict) -> str:
   what = {
     "program": fingerprint,
     "checker": checker.hexdigest(),
+    "config": program_keys(config),
+    "runtime": jax.devices()[0].client.platform_version,
     **{k: meta[k] for k in ("device_kind", "platform", "device_count", "process_count", "layout")},
   }
-  return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+  return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def passed(name: str) -> dict | None:

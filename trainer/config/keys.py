@@ -46,6 +46,10 @@ class Key:
   rule: Rule
   on_resume: Resume
   doc: str  # One line: what the key means.
+  # Whether the value can shape the compiled train step: checks.first_step's record of a passed program
+  # is keyed by every such key's value (trainer/checks/checked_programs.py), since XLA prints a large
+  # constant as {...} and two programs can fingerprint alike. False only where it never can.
+  program: bool = True
 
   def __post_init__(self):
     if not callable(self.rule) or not isinstance(self.on_resume, Resume) or not self.doc.strip():

@@ -16,6 +16,7 @@ KEYS = {
     whole(0, 2**32 - 1),
     keys.refused("the data order and every random draw (dropout) change"),
     "One seed for init, dropout and data order.",
+    program=False,
   ),
   "experiment": Key(
     "lm",
@@ -30,12 +31,14 @@ KEYS = {
     "Initial params: a Hugging Face model directory the experiment reads (the LM: Llama's config.json "
     "and safetensors), or another run's workdir (its newest checkpoint). Step 0, a fresh optimizer; the "
     "shape keys come from config.json. Ignored once the workdir has checkpoints (trainer/init_from.py).",
+    program=False,
   ),
   "steps": Key(
     100,
     whole(1),
     keys.changes("the learning-rate schedule now ends at the new step count, so the learning rate differs"),
     "Optimizer steps to train.",
+    program=False,
   ),
   "global_batch_size": Key(
     32,
@@ -46,11 +49,17 @@ KEYS = {
   "microbatches": Key(
     1, whole(1), keys.FREE, "Gradient-accumulation steps per optimizer step (sums accumulate, divide once)."
   ),
-  "log_every": Key(10, whole(1), keys.FREE, "Write a metrics row and a progress line every N steps."),
-  "eval_every": Key(
-    0, whole(0), keys.FREE, "Evaluate on the held-out split every N steps (0: only at the end)."
+  "log_every": Key(
+    10, whole(1), keys.FREE, "Write a metrics row and a progress line every N steps.", program=False
   ),
-  "eval_steps": Key(2, whole(0), keys.FREE, "Batches per evaluation."),
+  "eval_every": Key(
+    0,
+    whole(0),
+    keys.FREE,
+    "Evaluate on the held-out split every N steps (0: only at the end).",
+    program=False,
+  ),
+  "eval_steps": Key(2, whole(0), keys.FREE, "Batches per evaluation.", program=False),
   "ema.decay": Key(
     0.0,
     real(0.0, 1.0, high_open=True),
@@ -69,6 +78,7 @@ KEYS = {
     "version, the devices and XLA flags, so anything else misses); 'workdir': WORKDIR/compilation_cache; "
     "'off': none; else a directory. At most 8 GiB, least recently used first out. "
     "JAX_COMPILATION_CACHE_DIR in the environment, if set, wins. A changed `steps` (the schedule) misses.",
+    program=False,
   ),
   "mesh.data": Key(
     -1, mesh_size, keys.FREE, "Data-parallel axis size within a host; -1: all remaining devices."
@@ -121,10 +131,18 @@ KEYS = {
   ),
   # The experiment adds its source's keys (data.source, ...).
   "data.allow_changed_data": Key(
-    False, boolean, keys.FREE, "Resume even if the data's fingerprint differs from the checkpoint's."
+    False,
+    boolean,
+    keys.FREE,
+    "Resume even if the data's fingerprint differs from the checkpoint's.",
+    program=False,
   ),
   "data.worker_processes": Key(
-    0, whole(0), keys.FREE, "Grain worker processes preparing batches (0: reader threads only)."
+    0,
+    whole(0),
+    keys.FREE,
+    "Grain worker processes preparing batches (0: reader threads only).",
+    program=False,
   ),
   "data.read_threads": Key(
     0,
@@ -132,8 +150,11 @@ KEYS = {
     keys.FREE,
     "Grain reader threads preparing batches; 0: the thread that puts batches on the devices reads them "
     "too (on the TPU v5e reader threads slowed every dispatch: WORKSPACE 'Run on a TPU').",
+    program=False,
   ),
-  "data.prefetch": Key(2, whole(1), keys.FREE, "Batches prepared ahead of the one being trained on."),
+  "data.prefetch": Key(
+    2, whole(1), keys.FREE, "Batches prepared ahead of the one being trained on.", program=False
+  ),
   # The experiment adds its model's keys (sizes, ...).
   "model.compute_dtype": Key(
     "float32",
@@ -169,7 +190,9 @@ KEYS = {
   "optimizer.grad_clip_norm": Key(
     1.0, real(0.0), keys.OPTIMIZER, "Clip the global gradient norm to this (0: no clipping)."
   ),
-  "checkpoint.every": Key(50, whole(1), keys.FREE, "Save every N steps (and always at the end)."),
+  "checkpoint.every": Key(
+    50, whole(1), keys.FREE, "Save every N steps (and always at the end).", program=False
+  ),
   "checkpoint.every_s": Key(
     0.0,
     real(0.0),
@@ -177,10 +200,15 @@ KEYS = {
     "Also save at least every this many seconds, on a logging step: process 0 decides at each logging "
     "step whether the next one saves, and every process reads it there (trainer/cadence.py), so a slow "
     "model still saves on time. 0: by steps only.",
+    program=False,
   ),
-  "checkpoint.keep": Key(3, whole(1), keys.FREE, "How many recent checkpoints to keep."),
+  "checkpoint.keep": Key(3, whole(1), keys.FREE, "How many recent checkpoints to keep.", program=False),
   "checkpoint.keep_every": Key(
-    0, whole(0), keys.FREE, "Also keep every checkpoint whose step is a multiple of this, forever (0: none)."
+    0,
+    whole(0),
+    keys.FREE,
+    "Also keep every checkpoint whose step is a multiple of this, forever (0: none).",
+    program=False,
   ),
   "checkpoint.local_every": Key(
     -1,
@@ -192,6 +220,7 @@ KEYS = {
     "local_dir has room for the copies (else off with a warning) and a copy's work fits in a tenth of a "
     "step, else every 2, 4, 8 ... steps, then as often as the copies' measured cost to the loop allows "
     "(at most 2%), said in a line (trainer/cadence.py's CopyCadence); 0: off.",
+    program=False,
   ),
   "checkpoint.local_pace_mib": Key(
     64.0,
@@ -202,6 +231,7 @@ KEYS = {
     "copy's transfers waited for them); 0: all at once. A copy then takes about its size / this steps, "
     "unless the loop waits for it (the next copy, the run's end) or takes no step for 0.1 s (a part goes "
     "then: a stalled loop never holds a copy back).",
+    program=False,
   ),
   "checkpoint.local_copy_in": Key(
     "auto",
@@ -211,27 +241,31 @@ KEYS = {
     "next steps (one more state in device memory meanwhile); host: straight into pinned host memory (no "
     "device memory; the next step waits for the transfers); auto: device unless the compiled step and "
     "one more state exceed a device's memory (said at the start and in --mode=inspect).",
+    program=False,
   ),
   "checkpoint.local_dir": Key(
     "",
     text,
     keys.FREE,
     "Host-local folder of the local and peer tiers ('': a per-run folder under /dev/shm, host memory).",
+    program=False,
   ),
   "checkpoint.on_nonfinite": Key(
     "stop",
     one_of("stop", "rollback"),
     keys.FREE,
     "NaN/Inf loss or grad norm: 'stop' with an error, or 'rollback'.",
+    program=False,
   ),
   "checkpoint.max_rollbacks": Key(
-    3, whole(0), keys.FREE, "'rollback': give up with an error after this many."
+    3, whole(0), keys.FREE, "'rollback': give up with an error after this many.", program=False
   ),
   "checkpoint.replica_parallel": Key(
     False,
     boolean,
     keys.FREE,
     "Split replicated shards' writes across replicas (see trainer/checkpoint/store.py).",
+    program=False,
   ),
   "checkpoint.allow_changed_keys": Key(
     "",
@@ -239,22 +273,32 @@ KEYS = {
     keys.FREE,
     "Resume although these keys differ from the checkpoint's, e.g. 'seed,global_batch_size': keys that "
     "change the data order are refused otherwise (trainer/config/resume.py).",
+    program=False,
   ),
   # Each phase has its own budget; past it the job ends with a report naming the stuck process.
   "watchdog.startup_timeout_s": Key(
-    600.0, real(0.0, low_open=True), keys.FREE, "Building the mesh, data and model, and agreeing with peers."
+    600.0,
+    real(0.0, low_open=True),
+    keys.FREE,
+    "Building the mesh, data and model, and agreeing with peers.",
+    program=False,
   ),
   "watchdog.restore_timeout_s": Key(
-    600.0, real(0.0, low_open=True), keys.FREE, "Reading a checkpoint (at start-up and on a rollback)."
+    600.0,
+    real(0.0, low_open=True),
+    keys.FREE,
+    "Reading a checkpoint (at start-up and on a rollback).",
+    program=False,
   ),
   "watchdog.compile_timeout_s": Key(
     600.0,
     real(0.0, low_open=True),
     keys.FREE,
     "Compiling the step, and the first step (peers still compile).",
+    program=False,
   ),
   "watchdog.step_timeout_s": Key(
-    300.0, real(0.0, low_open=True), keys.FREE, "A step, barrier, save or evaluation."
+    300.0, real(0.0, low_open=True), keys.FREE, "A step, barrier, save or evaluation.", program=False
   ),
   "watchdog.peer_timeout_s": Key(
     30.0,
@@ -266,6 +310,7 @@ KEYS = {
     "process's peer service on port PEER_PORT_BASE + process index) have failed for this long. Every "
     "process names what it lost and exits 3. Must stay below JAX's heartbeat timeout (100 s unless set), "
     "which aborts without a name. 0: off (no peer service either).",
+    program=False,
   ),
   "checks.replica_every": Key(
     0,
@@ -274,6 +319,7 @@ KEYS = {
     "Every N steps and before every checkpoint, compare checksums of every copy of each replicated array "
     "of the train state (trainer/checks/replicas.py); a device whose copy differs stops the run (exit 4)"
     " before it saves. 0: never. About 6 ms per check for the smoke model on 8 logical CPU devices.",
+    program=False,
   ),
   "checks.recompute_every": Key(
     0,
@@ -283,6 +329,7 @@ KEYS = {
     "batch with each shard on another device of the same process, and compare bit for bit "
     "(trainer/checks/recompute.py): what catches a device computing wrong where nothing is replicated "
     "(pure FSDP). Costs one more step and a copy of the state on the checked steps. 0: never.",
+    program=False,
   ),
   "checks.first_step": Key(
     True,
@@ -294,6 +341,7 @@ KEYS = {
     "exit 6 if their gradients or updates disagree: XLA partitioned the step wrongly "
     "(trainer/checks/first_step.py). Costs two compiles, a copy of the state and one more step. A "
     "train step that passed before on these devices is not checked again: checks.first_step_every_run.",
+    program=False,
   ),
   "checks.first_step_every_run": Key(
     False,
@@ -304,20 +352,28 @@ KEYS = {
     "workdir of the same config, where the cache is shared) says when it passed instead of checking it "
     "again; a first step that is not finite is then the loop's NaN/Inf handling, not exit 7 "
     "(trainer/checks/checked_programs.py).",
+    program=False,
   ),
   # A JAX profiler trace of steps start_step+1 .. start_step+steps on every process, in
   # WORKDIR/profile/process_I (TensorBoard's profile plugin, or Perfetto), read back into each
   # process's compute / collective / wait / idle split (processes/process_I.jsonl and a console table).
   "profile.start_step": Key(
-    5, whole(0), keys.FREE, "The window begins after this step (of the run's own count: warm-up first)."
+    5,
+    whole(0),
+    keys.FREE,
+    "The window begins after this step (of the run's own count: warm-up first).",
+    program=False,
   ),
-  "profile.steps": Key(0, whole(0), keys.FREE, "Steps traced; 0: no profile."),
+  "profile.steps": Key(0, whole(0), keys.FREE, "Steps traced; 0: no profile.", program=False),
   "straggler.factor": Key(
     3.0,
     real(0.0),
     keys.FREE,
     "One line names a process whose data wait or step dispatch time per step (over a logging window) "
     "exceeds the median of the other processes' by this factor, and by at least min_s. 0: never.",
+    program=False,
   ),
-  "straggler.min_s": Key(0.05, real(0.0), keys.FREE, "Seconds per step: smaller differences are noise."),
+  "straggler.min_s": Key(
+    0.05, real(0.0), keys.FREE, "Seconds per step: smaller differences are noise.", program=False
+  ),
 }
