@@ -185,7 +185,8 @@ KEYS = {
     one_of("capacity", "dropless", "every"),
     keys.MODEL,
     "'capacity' (per-sequence expert buffers of capacity_factor, fixed shapes, all-to-all over the expert "
-    "axis), 'dropless' (grouped matmuls, exact; GPUs), 'every' (every expert on every token: the reference).",
+    "axis), 'dropless' (grouped matmuls, exact; GPUs), 'every' (every expert on every token: the reference). "
+    "Sampling and the task evaluators route dropless whatever this says (model/kv_cache.py).",
   ),
   "model.moe.capacity_factor": Key(
     1.25,

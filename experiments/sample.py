@@ -7,7 +7,8 @@ data set's own tokenizer, so you can read what the model learned.
 The newest checkpoint (or --step) of the run in --workdir, on this machine's first device. Data made by
 `data.prepare` decodes with the tokenizer stored beside it; the synthetic source has none, so its
 prompt and output are token ids (`--prompt=3,17,5`). --temperature=0 is greedy. The prompt runs
-through the model once and each new token alone, with a key/value cache (model/kv_cache.py).
+through the model once and each new token alone, with a key/value cache (model/kv_cache.py), a mixture
+of experts routed dropless whatever its training routed.
 A tool beside the experiments, not one of them (experiments.available() leaves it out).
 """
 

@@ -5,11 +5,13 @@ and N one-token passes, where model/sample.generate reruns the whole sequence fo
 
 The attention is the `einsum` implementation's (scores and softmax in float32), so in float32 the
 logits equal the full forward pass's within rounding and greedy tokens are the same
-(tests/test_sample.py). A mixture of experts with capacity routing computes its capacity from the
-tokens of one step, so a token the full pass would drop for lack of room may be kept here: use
-`model.moe.routing=dropless` where the two must agree. For sampling and evaluation, not for training:
-generate on one device; token_logprobs and greedy (evaluation) also on weights sharded over a mesh,
-which jit partitions, the whole sequence on each device (no context axis).
+(tests/test_sample.py). A mixture of experts routes dropless here whatever `model.moe.routing` trains
+with (model/moe.py): capacity routing would count its capacity from the prompt's few tokens and drop
+assignments, so an imported Mixtral or Qwen3-MoE gives transformers' greedy tokens with the default
+routing (tests/test_hf_moe_parity.py); the full pass equals this one where it drops nothing (dropless,
+`every`, or a capacity_factor of at least num_experts / top_k). For sampling and evaluation, not for
+training: generate on one device; token_logprobs and greedy (evaluation) also on weights sharded over
+a mesh, which jit partitions, the whole sequence on each device (no context axis).
 """
 
 import functools
@@ -37,7 +39,8 @@ def blocks(decoder) -> list:
 
 def _attend(attn, x, positions, cache: tuple, start):
   """The block's attention for x [B, T, D] at `positions` [B, T], its keys and values written into the
-  cache ([B, S, G, K] each) at `start`; each query sees the cached positions up to its own."""
+  cache ([B, S, G, K] each) at `start` (one slot for every row, or int32[B]: row b's); each query sees
+  the cached positions up to its own."""
   dt = x.dtype
   q = jnp.einsum("bld,dhk->blhk", x, attn.wq[...].astype(dt))
   k = jnp.einsum("bld,dgk->blgk", x, attn.wk[...].astype(dt))
@@ -46,8 +49,7 @@ def _attend(attn, x, positions, cache: tuple, start):
     q, k = attn.q_norm(q), attn.k_norm(k)
   freq = rope_frequencies(q.shape[-1], attn.rope_base, attn.rope_scaling)
   q, k = rope(q, positions, freq), rope(k, positions, freq)
-  keys = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, start, 0, 0))
-  values = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, start, 0, 0))
+  keys, values = _write(cache[0], k, start), _write(cache[1], v, start)
   b, t, h, d = q.shape
   g = keys.shape[2]
   q = q.reshape(b, t, g, h // g, d)  # Query head i belongs to key/value group i // (h / g).
@@ -60,6 +62,14 @@ def _attend(attn, x, positions, cache: tuple, start):
   return jnp.einsum("blhk,hkd->bld", out, attn.wo[...].astype(dt)), (keys, values)
 
 
+def _write(cache, update, start):
+  """update [B, T, G, K] into cache [B, S, G, K] from slot `start`, or from slot start[b] in row b."""
+  update = update.astype(cache.dtype)
+  if jnp.ndim(start) == 0:
+    return jax.lax.dynamic_update_slice(cache, update, (0, start, 0, 0))
+  return jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u, (s, 0, 0)))(cache, update, start)
+
+
 def forward(decoder, layers: list, tokens, positions, caches: list, start):
   """Logits [B, T, V] of `tokens` [B, T] at `positions`, and the caches with their keys and values."""
   x = decoder.embed_tokens(tokens)
@@ -68,7 +78,8 @@ def forward(decoder, layers: list, tokens, positions, caches: list, start):
     a, cache = _attend(block.attn, block.attn_norm(x), positions, cache, start)
     x = x + a
     h = block.mlp_norm(x)
-    x = x + (block.mlp(h)[0] if isinstance(block.mlp, moe_lib.MoE) else block.mlp(h))
+    # Dropless, never the training routing: the capacity of a prompt's few tokens drops (module docstring).
+    x = x + (block.mlp(h, routing="dropless")[0] if isinstance(block.mlp, moe_lib.MoE) else block.mlp(h))
     written.append(cache)
   return decoder.logits(decoder.final_norm(x)), written
 
@@ -142,27 +153,25 @@ def token_logprobs(model, tokens):
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _greedy(graphdef, state, prompts, lengths, new_tokens: int):
+  # The rows in one batch, not one vmapped row each: ragged_dot (dropless routing) has no vmap rule for
+  # weights shared across the mapped rows.
   model = nnx.merge(graphdef, state)
   layers = blocks(model)
-  p = prompts.shape[1]
+  b, p = prompts.shape
+  caches = empty_caches(layers, b, p + new_tokens, model.compute_dtype)
+  logits, caches = forward(model, layers, prompts, jnp.broadcast_to(jnp.arange(p), (b, p)), caches, 0)
 
-  def one(prompt, length):
-    # Slots from `length` on hold the padding's keys until generation overwrites them, one per step,
-    # before any query can see them (each sees the slots up to its own position).
-    caches = empty_caches(layers, 1, p + new_tokens, model.compute_dtype)
-    logits, caches = forward(model, layers, prompt[None], jnp.arange(p)[None], caches, 0)
+  def body(t, carry):
+    # Row b's slots from lengths[b] on hold its padding's keys until generation overwrites them, one per
+    # step, before any query can see them (each sees the slots up to its own position).
+    out, last, caches = carry
+    nxt = jnp.argmax(last, axis=-1).astype(jnp.int32)  # [B]
+    at = lengths + t  # [B]
+    logits, caches = forward(model, layers, nxt[:, None], at[:, None], caches, at)
+    return out.at[:, t].set(nxt), logits[:, 0], caches
 
-    def body(t, carry):
-      out, last, caches = carry
-      nxt = jnp.argmax(last).astype(jnp.int32)
-      at = length + t
-      logits, caches = forward(model, layers, nxt.reshape(1, 1), at.reshape(1, 1), caches, at)
-      return out.at[t].set(nxt), logits[0, 0], caches
-
-    first = jax.lax.dynamic_index_in_dim(logits[0], length - 1, keepdims=False)
-    return jax.lax.fori_loop(0, new_tokens, body, (jnp.zeros(new_tokens, jnp.int32), first, caches))[0]
-
-  return jax.vmap(one)(prompts, lengths)
+  first = logits[jnp.arange(b), lengths - 1]  # [B, V]: each row's last prompt token's.
+  return jax.lax.fori_loop(0, new_tokens, body, (jnp.zeros((b, new_tokens), jnp.int32), first, caches))[0]
 
 
 def greedy(model, prompts, lengths, new_tokens: int):

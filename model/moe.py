@@ -14,6 +14,9 @@ Three routings compute the same function where nothing is dropped:
             CPU): use capacity there.
   every     every expert on every token, the top-k kept: the reference the others are tested against,
             and the fork a user would write first (E / top_k times the FLOPs).
+Inference (model/kv_cache.py: sampling and the task evaluators) routes dropless whatever the module's
+routing: a capacity counted from a prompt's few tokens drops assignments a training sequence's would
+hold, and an imported Mixtral or Qwen3-MoE computes its function with none dropped.
 
 Routing groups are single sequences: which tokens an expert takes depends on that sequence alone, so
 the layer computes the same on any mesh, with any microbatch count, and verify's additivity holds.
@@ -92,8 +95,9 @@ class MoE(nnx.Module):
     self.score, self.renormalize = score, renormalize
     self.routing, self.capacity_factor = routing, capacity_factor
 
-  def __call__(self, x, mask=None):
-    """x [B, L, D], mask [B, L] (1: a token whose loss counts; None: all) -> (y [B, L, D], aux sums)."""
+  def __call__(self, x, mask=None, routing: str | None = None):
+    """x [B, L, D], mask [B, L] (1: a token whose loss counts; None: all) -> (y [B, L, D], aux sums).
+    `routing`: this call's, in place of the module's (inference's dropless: model/kv_cache.py)."""
     b, n, _ = x.shape
     mask = jnp.ones((b, n), jnp.float32) if mask is None else mask.astype(jnp.float32)
     logits = jnp.einsum("bld,de->ble", x.astype(jnp.float32), self.router[...])  # The router in float32.
@@ -101,8 +105,8 @@ class MoE(nnx.Module):
     weights, chosen = top_k(probs, self.top_k)  # [B, L, K]
     if self.renormalize:
       weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    route = {"capacity": self._capacity, "dropless": self._dropless, "every": self._every}[self.routing]
-    y, kept = route(x, chosen, weights.astype(x.dtype))
+    routes = {"capacity": self._capacity, "dropless": self._dropless, "every": self._every}
+    y, kept = routes[routing or self.routing](x, chosen, weights.astype(x.dtype))
     if self.shared is not None:
       y = y + self.shared(x)
     return y, self._aux(logits, probs, chosen, kept, mask)

@@ -8,7 +8,8 @@ error line, on import and on export.
 Routing: dropless, which drops nothing (parity needs routing that cannot drop); capacity routing with
 room for all (capacity_factor = E / top_k) gives the same, and the default 1.25 does not (the figures
 printed; WORKSPACE "Mixtral, Qwen3-MoE and Qwen3"). On a mesh with the expert axis (expert 2, fsdp 2,
-data 2): capacity routing with room for all.
+data 2): capacity routing with room for all; and the default capacity, under which sampling and the task
+evaluators, which route dropless whatever training routes, still give transformers' tokens.
 """
 
 import copy
@@ -22,8 +23,8 @@ import pytest
 from flax import nnx
 
 from errors import UserError
-from experiments import lm
-from model import hf_export, hf_llama, hf_moe, hf_read
+from experiments import _lm_tasks, lm
+from model import hf_export, hf_llama, hf_moe, hf_read, kv_cache
 from model.sample import generate
 from trainer import components, init_from
 from trainer.config import assemble
@@ -297,16 +298,23 @@ def test_what_neither_layout_says_is_refused_before_anything_is_written(models, 
   hf_moe.check_exportable(c.model)  # As imported, it exports.
 
 
+def on_the_expert_axis(path, **moe):
+  """(config, components, fresh state) of the Mixtral at `path` read slice by slice onto (expert 2,
+  fsdp 2, data 2), with model.moe.KEY = VALUE for each of `moe`."""
+  c = assemble.apply_args(assemble.config("lm"), "tiny,data=2,fsdp=2,expert=2")
+  c.init_from = path
+  init_from.configure(c, os.path.join(path, "_unused_workdir"))
+  for key, value in moe.items():
+    c.model.moe[key] = value
+  comp = components.build(c)
+  return c, comp, components.fresh_state(comp, c)
+
+
 def test_a_mixtral_on_a_mesh_with_the_expert_axis_gives_its_logits(models):
   """Read slice by slice onto (expert 2, fsdp 2, data 2): each device holds half of the experts, and
   capacity routing with room for every token (capacity_factor = E / top_k) gives transformers' logits."""
   path, theirs, *_ = models["mixtral"]
-  c = assemble.apply_args(assemble.config("lm"), "tiny,data=2,fsdp=2,expert=2")
-  c.init_from = path
-  init_from.configure(c, os.path.join(path, "_unused_workdir"))
-  c.model.moe.routing, c.model.moe.capacity_factor = "capacity", 4 / 2
-  comp = components.build(c)
-  state = components.fresh_state(comp, c)
+  _, comp, state = on_the_expert_axis(path, routing="capacity", capacity_factor=4 / 2)
   gate = state.params["blocks"][0]["mlp"]["gate"]
   assert {s.data.shape[0] for s in gate.addressable_shards} == {2}  # [E/2, D, F] per device.
   fn = jax.jit(lambda w, tokens: comp.mdef.merge(*w)(tokens))
@@ -314,3 +322,36 @@ def test_a_mixtral_on_a_mesh_with_the_expert_axis_gives_its_logits(models):
   figure = off(fn((state.params, state.variables), tokens), their_logits(theirs, tokens))
   print(f"mixtral on (expert 2, fsdp 2, data 2): max |diff| / max |logit| = {figure:.1e}")
   assert figure < F32_TOLERANCE
+
+
+def test_sampling_and_task_scoring_drop_nothing_whatever_training_routes(models):
+  """Inference routes dropless (model/kv_cache.py): under the default capacity routing (1.25), which
+  drops assignments of these prompts in training's pass (counted here), sampling (experiments/sample.py's
+  kv_cache.generate, on one device) continues 3-token prompts with transformers' greedy tokens, and on
+  (expert 2, fsdp 2, data 2) the task evaluators' greedy continuations and log-likelihoods
+  (experiments/_lm_tasks.py) of 16-token rows are transformers'."""
+  path, theirs, *_ = models["mixtral"]
+  c, comp, state = on_the_expert_axis(path)
+  assert (c.model.moe.routing, c.model.moe.capacity_factor) == ("capacity", 1.25)  # The defaults.
+  model = comp.mdef.merge(state.params, state.variables)
+  rng = np.random.default_rng(0)
+  short, rows = (rng.integers(0, V, (32, n)).astype(np.int32) for n in (3, 16))
+  for tokens in (short, rows):  # A capacity counted from these few tokens drops.
+    assert float(nnx.jit(lambda m, t: m.hidden_and_aux(t)[1]["dropped"])(model, tokens)) > 0
+  with torch.no_grad():
+    expected = [
+      theirs.generate(torch.tensor(t, dtype=torch.long), max_new_tokens=8, do_sample=False)
+      for t in (short, rows)
+    ]
+
+  one = comp.mdef.merge(*jax.device_put((state.params, state.variables), jax.local_devices()[0]))
+  sampled = kv_cache.generate(one, jax.numpy.asarray(short), 8, 0.0, jax.random.PRNGKey(0), V)
+  np.testing.assert_array_equal(np.asarray(sampled), expected[0].numpy())
+  continued = _lm_tasks.continuations(model, rows.tolist(), 8)
+  np.testing.assert_array_equal(continued, expected[1].numpy()[:, 16:])
+  pairs = [(r[:12].tolist(), r[12:].tolist()) for r in rows]
+  scores = _lm_tasks.loglikelihoods(model, pairs, c.data.seq_len, V)
+  logp = torch.log_softmax(torch.tensor(their_logits(theirs, rows)), -1).numpy()
+  reference = np.take_along_axis(logp[:, 11:15], rows[:, 12:, None], -1).sum((1, 2))
+  print(f"log-likelihoods: max |diff| {np.max(np.abs(scores - reference)):.1e}")
+  np.testing.assert_allclose(scores, reference, atol=1e-4)
