@@ -41,6 +41,14 @@ from configs import smoke_cpu  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_configure(config):
+  # Root-only tests' skips named from their markers (a non-root conftest may not set pytest_plugins).
+  from tests import needs_root
+
+  if not config.pluginmanager.is_registered(needs_root):
+    config.pluginmanager.register(needs_root, "needs_root")
+
+
 def tiny_config(**overrides):
   """The smoke config shrunk to a model and data that compile and step in seconds."""
   c = smoke_cpu.get_config()

@@ -110,6 +110,7 @@ def test_single_device_runs_the_same_code_path_and_caches_its_compilations_for_t
   assert startup["imports"] > 0.5  # JAX alone takes longer than that to import.
 
 
+@pytest.mark.needs_root  # Mounts a tmpfs.
 def test_a_full_disk_is_one_line_naming_the_space_and_restartable(tmp_path):
   """A workdir on a real size-limited tmpfs, filled after checkpoint 2: one error: line saying where
   and how much, exit 3 (restart), checkpoint 2 still proven whole; with space again the same command

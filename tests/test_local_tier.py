@@ -229,6 +229,7 @@ def test_resuming_onto_another_process_count_falls_back_to_persistent_and_says_w
   assert re.search(removed, result.stdout), result.stdout
 
 
+@pytest.mark.needs_root  # Mounts a tmpfs.
 def test_a_local_dir_without_room_is_one_line_unless_the_tier_is_automatic(tmp_path):
   small = tmp_path / "small"
   small.mkdir()

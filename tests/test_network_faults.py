@@ -22,7 +22,7 @@ from tests.conftest import REPO, TINY_FLAGS, train_losses
 from tests.netns import bridged_hosts, two_hosts
 from trainer.cluster import liveness
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs_root]  # Network namespaces (tests/netns.py).
 
 PEER_TIMEOUT_S = 4
 STEPS = 14

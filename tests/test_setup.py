@@ -1,7 +1,7 @@
-"""`make`'s set-up finds a Python 3.12+ (launch/find_python.sh) and remakes a .venv of an older one."""
+"""`make`'s set-up finds a Python 3.12+ (launch/find_python.sh) and remakes a .venv of an older one;
+.ci/run names the root-only tests that skipped, from their markers (tests/needs_root.py)."""
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -120,28 +120,85 @@ def test_make_train_installs_only_trainings_dependencies_and_make_test_adds_the_
   assert not any(name in dependencies for name in ("torch", "transformers", "lm_eval", "datasets"))
 
 
-@pytest.mark.parametrize("uid", ["1000", "0"])
-def test_ci_run_warns_loudly_when_not_root_and_runs_the_tests_anyway(tmp_path, uid):
-  """.ci/run as a non-root user names the tests that will skip on stderr, then runs `make test`;
-  as root it says nothing. `id` and `make` are stand-ins on the PATH."""
+@pytest.mark.parametrize("skipped", [0, 2])
+def test_ci_run_runs_make_test_and_then_names_the_root_only_tests_that_skipped(tmp_path, skipped):
+  """.ci/run runs `make test` alone; the tests that need root and skipped (the run writes them to
+  NEEDS_ROOT_SKIPS) come after it as WARNING lines on stderr, and none: nothing. make's exit status is
+  .ci/run's. `id` and `make` are stand-ins on the PATH."""
+  with open(os.path.join(REPO, ".ci", "run")) as f:
+    assert "tests/test_" not in f.read()  # No list by hand: a new root-only test could be left off one.
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
-  _exe(bin_dir / "id", f"echo {uid}")
-  _exe(bin_dir / "make", 'echo "make $*"')
+  _exe(bin_dir / "id", "echo 1000")
+  lines = [f"tests/test_x.py::test_{i}: cannot mount a tmpfs here (needs root)" for i in range(skipped)]
+  writes = "".join(f'echo "{line}" >> "$NEEDS_ROOT_SKIPS"; ' for line in lines)
+  _exe(bin_dir / "make", f'echo "make $*"; {writes}exit 3')
   env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
   r = subprocess.run([os.path.join(REPO, ".ci", "run")], env=env, capture_output=True, text=True, timeout=60)
-  assert r.returncode == 0 and r.stdout == "make test\n", r
-  if uid == "0":
-    assert r.stderr == ""
+  assert r.returncode == 3 and r.stdout == "make test\n", r
+  if not skipped:
+    assert r.stderr == "", r
     return
-  lines = r.stderr.splitlines()
-  assert all(line.startswith("WARNING:") for line in lines) and "not running as root (uid 1000)" in lines[0]
-  named = re.findall(r"(tests/\w+\.py)(?:::(\w+))?", r.stderr)
-  assert [file for file, _ in named] == [
-    "tests/test_network_faults.py",
-    "tests/test_cli_errors.py",
-    "tests/test_slurm.py",
+  head, *named = r.stderr.splitlines()
+  assert head.startswith("WARNING: these tests need root and SKIPPED") and "uid 1000" in head, r.stderr
+  assert named == [f"WARNING:   {line}" for line in lines], r.stderr
+
+
+PROBE = """
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def namespaces():
+  pytest.skip("network namespaces cannot be made here (needs root)")
+
+
+@pytest.mark.needs_root
+def test_marked_in_a_fixture(namespaces):
+  pass
+
+
+@pytest.mark.needs_root
+def test_marked():
+  pytest.skip("cannot mount a tmpfs here (needs root)")
+
+
+@pytest.mark.needs_root
+def test_marked_that_runs():
+  assert "NEEDS_ROOT_SKIPS" not in os.environ  # Taken out: a pytest a test starts writes nothing.
+
+
+def test_unmarked():
+  pytest.skip("a 256 KiB tmpfs needs root and mount")
+
+
+def test_skipped_for_another_reason():
+  pytest.skip("this machine has nvidia-smi")
+"""
+
+
+def test_root_only_skips_are_named_from_their_markers_and_an_unmarked_one_fails(tmp_path):
+  """tests/needs_root.py on a probe: the tests marked needs_root that skipped, and only those, are
+  listed in the summary and written to NEEDS_ROOT_SKIPS (.ci/run's warnings); a skip that says root
+  without the marker fails, so no root-only test can be left out of the list."""
+  (tmp_path / "test_probe.py").write_text(PROBE)
+  listed = tmp_path / "skips"
+  plugins = ["-p", "tests.needs_root", "-p", "no:cacheprovider"]
+  r = subprocess.run(
+    [sys.executable, "-m", "pytest", "-q", *plugins, "test_probe.py"],
+    cwd=tmp_path,
+    env={**os.environ, "PYTHONPATH": REPO, "NEEDS_ROOT_SKIPS": str(listed)},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert r.returncode == 1 and "1 failed, 1 passed, 3 skipped" in r.stdout, r.stdout + r.stderr
+  assert listed.read_text().splitlines() == [
+    "test_probe.py::test_marked_in_a_fixture: network namespaces cannot be made here (needs root)",
+    "test_probe.py::test_marked: cannot mount a tmpfs here (needs root)",
   ]
-  for file, test in named:  # Each still exists, so the warning names what really skips.
-    with open(os.path.join(REPO, file)) as f:
-      assert not test or f"def {test}(" in f.read(), (file, test)
+  assert "needs root: 2 skipped, untested here" in r.stdout, r.stdout
+  assert "test_probe.py::test_unmarked skipped for want of root" in r.stdout, r.stdout
+  assert "without @pytest.mark.needs_root" in r.stdout, r.stdout

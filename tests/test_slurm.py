@@ -24,7 +24,7 @@ SBATCH = os.path.join(REPO, "launch", "slurm", "train.sbatch")
 CONFIG = next(f.split("=", 1)[1] for f in TINY_FLAGS if f.startswith("--config="))
 CONFIG_FLAGS = [f for f in TINY_FLAGS if not f.startswith("--config=")]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs_root]  # apt-get installs SLURM where it is missing.
 
 
 def _skip_loudly(reason: str):
