@@ -312,6 +312,24 @@ def test_a_torn_or_garbled_copy_is_never_whole(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["6", "7", "8", "spare"]
 
 
+def test_the_newest_copy_a_check_saw_outlives_the_newest_three_and_a_run_with_checks_resumes_from_it(
+  tmp_path,
+):
+  blob = b"shards"
+  manifest = {local_copies.CHECKSUM: local_copies.checksum(blob), "fingerprint": "f"}
+  for step in range(1, 9):  # A check at steps 2 and 4 (checks.replica_every=2, say) then none.
+    local_copies.write_copy(str(tmp_path), step, blob, {**manifest, "step": step, "checked": step in (2, 4)})
+  assert sorted(local_copies.whole_copies(str(tmp_path))) == [4, 6, 7, 8]  # Step 2's is gone: 4 is newer.
+  holdings = {0: {"own": [4, 6, 7, 8], "held": {}, "checked": {"own": [4], "held": {}}}}
+  assert local.newest_common(holdings, 1) == 8
+  assert local.newest_common(holdings, 1, checked=True) == 4
+  two = {  # Process 1's checked copy of 4 held by process 0 only.
+    0: {"own": [4, 5], "held": {"1": [4, 5]}, "checked": {"own": [4], "held": {"1": [4]}}},
+    1: {"own": [5], "held": {"0": [4, 5]}, "checked": {"own": [], "held": {"0": [4]}}},
+  }
+  assert local.newest_common(two, 2) == 5 and local.newest_common(two, 2, checked=True) == 4
+
+
 def test_a_copy_is_data_read_back_exactly_and_a_header_that_lies_is_refused():
   """shards.bin: JSON and raw bytes, read as numpy views; never unpickled, whatever a partner sends."""
   import ml_dtypes

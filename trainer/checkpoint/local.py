@@ -262,12 +262,17 @@ class LocalTier:
     held_root = os.path.join(self.root, "held")
     sources = sorted(filter(str.isdigit, os.listdir(held_root))) if os.path.isdir(held_root) else []
     found = {
-      "own": copies.whole_copies(self.own),
-      **{s: copies.whole_copies(self.held(int(s))) for s in sources},
+      "own": copies.whole_manifests(self.own),
+      **{s: copies.whole_manifests(self.held(int(s))) for s in sources},
     }
-    mine = {k: sorted(st for st, f in got.items() if f == self.fingerprint) for k, got in found.items()}
-    others = sum(f != self.fingerprint for got in found.values() for f in got.values())
-    return {"own": mine.pop("own"), "held": mine, "other": others}
+    ours = lambda m: m.get("fingerprint") == self.fingerprint  # noqa: E731
+    mine = {k: sorted(st for st, m in got.items() if ours(m)) for k, got in found.items()}
+    checked = {
+      k: sorted(st for st, m in got.items() if ours(m) and m.get("checked")) for k, got in found.items()
+    }
+    others = sum(not ours(m) for got in found.values() for m in got.values())
+    own, own_checked = mine.pop("own"), checked.pop("own")
+    return {"own": own, "held": mine, "other": others, "checked": {"own": own_checked, "held": checked}}
 
   def load(self, step: int, holders: dict[int, dict]):
     """(record, where) of this process's copy of `step`: its own, else fetched from a holder."""
@@ -317,8 +322,11 @@ def partner(me: int, hosts: list[str]) -> int:
   return next(((me + k) % n for k in range(1, n) if hosts[(me + k) % n] != hosts[me]), (me + 1) % n)
 
 
-def newest_common(holdings: dict[int, dict], processes: int) -> int | None:
-  """The newest step every process can get whole: from its own copy or one another process holds."""
+def newest_common(holdings: dict[int, dict], processes: int, checked: bool = False) -> int | None:
+  """The newest step every process can get whole: from its own copy or one another process holds
+  (`checked`: only copies of steps a check saw)."""
+  if checked:
+    holdings = {p: {**h, **h.get("checked", {"own": [], "held": {}})} for p, h in holdings.items()}
   common = set.intersection(*(_available(holdings, p) for p in range(processes)))
   return max(common) if common else None
 
@@ -348,11 +356,23 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
   return tier
 
 
-def restore_newest(tier, target, persistent_newest, timeout_s, say_why=True, before_read=lambda: None):
+def restore_newest(
+  tier, target, persistent_newest, timeout_s, say_why=True, before_read=lambda: None, checked=False
+):
   """(state, data position, saved config, step) of the newest step every process can get whole from the
-  tiers if newer than `persistent_newest` (`before_read` runs first); else None, said why if copies exist."""
+  tiers if newer than `persistent_newest` (`before_read` runs first); else None, said why if copies exist.
+  `checked` (a run with replica or recompute checks): only a copy of a step a check saw. A copy holds
+  one replica of each shard and the restore puts it on every device, which would erase the very
+  divergence a replica check looks for; newer copies are passed over, said."""
   holdings = multihost.gather("local_holdings", tier.holdings(), timeout_s)
-  step = newest_common(holdings, tier.processes)
+  step = newest_common(holdings, tier.processes, checked)
+  newest = newest_common(holdings, tier.processes)
+  if checked and newest is not None and newest != step and (persistent_newest or 0) < newest:
+    console(
+      f"local tier: step {newest}'s copy was taken after the last check it can resume from "
+      f"({'step ' + str(step) if step is not None else 'none'}); a run with checks.replica_every or "
+      "checks.recompute_every resumes only from a state a check saw"
+    )
   others = sum(h["other"] for h in holdings.values())
   if step is None or (persistent_newest is not None and step <= persistent_newest):
     if say_why and step is None and any(h["own"] or h["held"] or h["other"] for h in holdings.values()):

@@ -150,8 +150,20 @@ def commit(folder: str, step: int, manifest: dict) -> None:
   for name in os.listdir(folder):
     if name.endswith(".tmp") and name != f"{step}.tmp":
       shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-  for old in sorted((int(n) for n in os.listdir(folder) if n.isdigit()), reverse=True)[KEEP:]:
-    _set_aside(os.path.join(folder, str(old)), os.path.join(folder, SPARE))
+  steps = sorted((int(n) for n in os.listdir(folder) if n.isdigit()), reverse=True)
+  # The newest copy a check saw is kept too: a run with checks resumes only from one (restore_newest).
+  checked = next((s for s in steps[KEEP:] if _manifest(folder, s).get("checked")), None)
+  for old in steps[KEEP:]:
+    if old != checked:
+      _set_aside(os.path.join(folder, str(old)), os.path.join(folder, SPARE))
+
+
+def _manifest(folder: str, step: int) -> dict:
+  try:
+    with open(os.path.join(folder, str(step), MANIFEST)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
 
 
 def _set_aside(old: str, spare: str) -> None:
@@ -203,12 +215,17 @@ def whole_manifest(folder: str, step: int) -> dict | None:
   return manifest if digest == manifest.get(CHECKSUM) else None
 
 
-def whole_copies(folder: str) -> dict[int, str]:
-  """{step: fingerprint} of the whole copies in `folder`."""
+def whole_manifests(folder: str) -> dict[int, dict]:
+  """{step: manifest} of the whole copies in `folder`."""
   if not os.path.isdir(folder):
     return {}
   manifests = {int(n): whole_manifest(folder, int(n)) for n in os.listdir(folder) if n.isdigit()}
-  return {step: m.get("fingerprint") for step, m in manifests.items() if m}
+  return {step: m for step, m in manifests.items() if m}
+
+
+def whole_copies(folder: str) -> dict[int, str]:
+  """{step: fingerprint} of the whole copies in `folder`."""
+  return {step: m.get("fingerprint") for step, m in whole_manifests(folder).items()}
 
 
 def discard_after(folders: list[str], step: int) -> set[int]:
