@@ -123,12 +123,13 @@ class CopyCadence(_Published):
   power of two), so that copies cost the loop little and never set its pace: at each logging step
   process 0 compares a copy's work (the median of its last eight) with the seconds per step (the median
   of the last eight windows') and decides N for the window after the next logging step; a change is
-  said in one line (a lost host then costs up to N steps, about ten copies' work). Once the last
+  said in one line with the worst case a lost host costs (lost_steps: N and a copy's steps in
+  flight). Once the last
   windows include some with a copy in flight and some without, their seconds per step say how much
   slower a step runs beside a copy (`slowdown`), and N is the fewest steps whose copies cost the loop
   at most COST_SHARE and leave room for a copy's work (on a TPU v5e host, 64 steps where the work's
   rule took 512: WORKSPACE). Where copies leave no window without one (every step, say), one window in
-  PROBE_AFTER + 1 is left without copies to measure against (a lost host costs up to a window there)."""
+  PROBE_AFTER + 1 is left without copies to measure against, said with what a lost host costs there."""
 
   def __init__(self, local_every: int, log_every: int, timeout_s: float):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
@@ -159,16 +160,22 @@ class CopyCadence(_Published):
       every, *measured = value.split()
       probe = every.startswith("-")  # No copy in this window: it measures the steps without one.
       self._quiet_until = step + self.log_every if probe else 0
+      whole = int(measured[2]) if measured else 1  # Steps until a copy is whole, from its own.
       if abs(int(every)) != self.every:
         self.every = abs(int(every))
-        how, lost = (
-          (f"every {self.every} steps", f"{self.every} steps") if self.every > 1 else ("every step", "a step")
-        )
+        how = f"every {self.every} steps" if self.every > 1 else "every step"
         why = f"a copy's work {measured[0]} s, {measured[1]} s per step" if measured else ""
-        if len(measured) > 2:  # Measured: slowdown.
-          why += f"; steps {measured[2]}% slower beside a copy in flight for {measured[3]} s"
+        if len(measured) > 3:  # Measured: slowdown.
+          why += f"; steps {measured[3]}% slower beside a copy in flight for {measured[4]} s"
         why = f" ({why})" if why else ""
+        lost = _steps(lost_steps(self.every, whole))
         console(f"local tier: a copy {how} from step {step}{why}; a lost host costs up to {lost}")
+      if probe:
+        last = step + self.log_every - 1
+        console(
+          f"local tier: no copies in steps {step}-{last}, a window that measures the steps without them; a "
+          f"lost host there costs up to {_steps(lost_steps(self.every, whole) + self.log_every)}"
+        )
     return step % self.every == 0 and step >= self._quiet_until
 
   def decide(
@@ -201,9 +208,21 @@ class CopyCadence(_Published):
       every = steps_per_copy(self.every, copy_s, step_s, slower, span_s)
       probe = self._unquiet >= PROBE_AFTER
       self._unquiet = 0 if probe else self._unquiet
-      value = f"{-every if probe else every} {copy_s:.2f} {step_s:.3f}"
+      whole = math.ceil(max(span_s, copy_s) / max(step_s, 1e-9) - 1e-6)  # A copy's steps in flight, at least.
+      value = f"{-every if probe else every} {copy_s:.2f} {step_s:.3f} {max(whole, 1)}"
       value += f" {100 * slower:.1f} {span_s:.2f}" if slower is not None else ""
       self._publish(self._next_logging_step(step), value)
+
+
+def lost_steps(every: int, whole: int) -> int:
+  """The most steps a lost host costs with a copy every `every` steps, each whole (paced to host memory,
+  written, sent) `whole` steps after its own: a kill just before copy k is whole falls back to copy
+  k - every. The next copy waits for the one before, so no copy is in flight longer than `every` steps."""
+  return every + min(max(whole, 1), every) - 1
+
+
+def _steps(n: int) -> str:
+  return f"{n} steps" if n > 1 else "a step"
 
 
 # The share of the time between copies that a copy's work may take. Much of that work runs beside the
