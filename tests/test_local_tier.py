@@ -365,6 +365,8 @@ def test_a_copy_is_data_read_back_exactly_and_a_header_that_lies_is_refused():
     ({"dtype": "V8"}, "not a number's"),
     ({"shape": [1 << 40]}, "outside its bytes"),
     ({"offset": -8}, "outside its bytes"),
+    ({"index": 3}, "does not describe its shards"),
+    ({"dtype": "finfo"}, "not a number's"),
   ]:
     with pytest.raises(ValueError, match=why):
       local_copies.load_record(lie(**changes))

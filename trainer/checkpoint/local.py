@@ -6,16 +6,16 @@ variables, EMA, optimizer state, RNG, step) on its devices, which the next step 
 where the devices lack room for it beside the step, straight into pinned host memory:
 checkpoint.local_copy_in), and goes on; the tier's writer thread waits for it, brings this process's
 shards to host memory with the data position and the config (`checkpoint.local_pace_mib` at a time, a
-part per step the loop dispatches, so that the transfers run beside steps queued before them: on a
-TPU a step dispatched behind a whole copy's transfers waited for them; or after PACE_WAIT_S without a
-step), frees the device copy, and
-writes the copy to `checkpoint.local_dir` (host-local, by default a folder under /dev/shm) and sends the
-same bytes to its partner, a process on another host where there is one, over the peer service
-(trainer/cluster/peers.py), which keeps it in its own local_dir. Both sides keep their newest three
-(KEEP). The next copy waits for the previous one's write: the loop never runs more than one copy ahead
-of what is whole on disk. A copy becomes whole only once the loop has released it, after the step's
-metrics row and evaluation are written: a resume truncates metrics.jsonl to the restored step, so a copy
-whole before its row would leave a hole in the history.
+part per step the loop dispatches, so that the transfers run beside steps queued before them: on a TPU a
+step dispatched behind a whole copy's transfers waited for them; or after PACE_WAIT_S without a step),
+frees the device copy, and writes the copy to `checkpoint.local_dir` (host-local, by default a folder
+under /dev/shm) and sends the same bytes to its partner, a process on another host where there is one,
+over the peer service (trainer/cluster/peers.py), which keeps it in its own local_dir. Both sides keep
+their newest three (KEEP) and the newest a check saw (a run with checks resumes only from one). The next
+copy waits for the previous one's write: the loop never runs more than one copy ahead of what is whole
+on disk. A copy becomes whole only once the loop has released it, after the step's metrics row and
+evaluation are written: a resume truncates metrics.jsonl to the restored step, so a copy whole before
+its row would leave a hole in the history.
 
 A copy on disk, whole or torn: trainer/checkpoint/local_copies.py.
 

@@ -78,26 +78,31 @@ def load_record(blob) -> dict:
   the header does not describe them (a dtype that is not a number's, a shard past the end)."""
   view = memoryview(blob)
   n = int.from_bytes(view[:8], "big")
-  header = json.loads(bytes(view[8 : 8 + n]))
-  shards, base = {}, 8 + n
-  for entry in header.pop("arrays"):
-    dtype, shape = _number_dtype(entry["dtype"]), tuple(int(d) for d in entry["shape"])
-    start = base + int(entry["offset"])
-    if min(shape, default=0) < 0 or start < base or start + math.prod(shape) * dtype.itemsize > len(view):
-      raise ValueError(f"a copy's shard of {entry['path']} lies outside its bytes")
-    array = np.frombuffer(view, dtype=dtype, count=math.prod(shape), offset=start).reshape(shape)
-    index = tuple((int(a), int(b)) for a, b in entry["index"])
-    shards.setdefault(str(entry["path"]), {})[index] = array
+  try:
+    header = json.loads(bytes(view[8 : 8 + n]))
+    shards, base = {}, 8 + n
+    for entry in header.pop("arrays"):
+      dtype, shape = _number_dtype(entry["dtype"]), tuple(int(d) for d in entry["shape"])
+      start, count = base + int(entry["offset"]), math.prod(shape)
+      if min(shape, default=0) < 0 or start < base or start + count * dtype.itemsize > len(view):
+        raise ValueError(f"a copy's shard of {entry['path']} lies outside its bytes")
+      array = np.frombuffer(view, dtype=dtype, count=count, offset=start).reshape(shape)
+      index = tuple((int(a), int(b)) for a, b in entry["index"])
+      shards.setdefault(str(entry["path"]), {})[index] = array
+  except (TypeError, KeyError, AttributeError, IndexError) as e:  # A header of another shape.
+    raise ValueError(f"a copy's header does not describe its shards ({type(e).__name__}: {e})") from None
   return {**header, "shards": shards}
 
 
 def _number_dtype(name: str) -> np.dtype:
   """A numeric dtype by name (numpy's, or ml_dtypes' bfloat16 and float8s); ValueError otherwise."""
   try:
-    dtype = np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
+    ours = isinstance(name, str) and hasattr(ml_dtypes, name)
+    dtype = np.dtype(getattr(ml_dtypes, name)) if ours else np.dtype(name)
   except TypeError:
     dtype = None
-  if dtype is None or (dtype.kind not in "biufc" and not hasattr(ml_dtypes, name)):
+  number = dtype is not None and not dtype.hasobject and dtype.type.__module__ in ("numpy", "ml_dtypes")
+  if not number or (dtype.kind not in "biufc" and dtype.type.__module__ != "ml_dtypes"):
     raise ValueError(f"a copy names dtype {name!r}, not a number's")
   return dtype
 

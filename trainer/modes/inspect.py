@@ -161,11 +161,8 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
   if config.checks.recompute_every:  # A checked step keeps the step's own result while it runs again.
     per_device += param_max + opt_max
   # A local-tier copy taken on the devices holds one more state there while the next step runs.
-  state_max, limit = max_per_device(target), None
-  if accelerator is not None:
-    limit = accelerator.memory_bytes
-  elif (limits := device_memory.limits()).values():
-    limit = min(limits.values())
+  state_max = max_per_device(target)
+  limit = accelerator.memory_bytes if accelerator else min(device_memory.limits().values(), default=None)
   step_only = per_device
   place = local_room.copy_place(config.checkpoint.local_copy_in, step_only, state_max, limit)
   local_copy = state_max if config.checkpoint.local_every and place == "device" else 0
