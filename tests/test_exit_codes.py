@@ -13,6 +13,7 @@ from launch.k8s import render as k8s
 from tests.conftest import REPO
 from tests.test_k8s_pathways import PATHWAYS
 from tests.test_k8s_render import BASE
+from trainer import cadence
 from trainer.cluster import exit_codes, failures
 
 USER, TRANSIENT, RESOURCES = exit_codes.USER_EXIT, exit_codes.TRANSIENT_EXIT, exit_codes.RESOURCES_EXIT
@@ -87,8 +88,11 @@ def test_workspace_tables_agree_with_the_exit_code_table():
   # Each fault's exit codes are the table's, and its "restarted" cell says what the first one's row does.
   faults = _markdown_rows(text, "| fault | where | what happens | exit | restarted | work lost |")
   assert len(faults) > 10
+  bound = f"up to {cadence._steps(cadence.lost_steps(1, 1))}"  # The tiers' worst case, copies every step.
+  assert sum(lost.startswith(bound) for *_, lost in faults) >= 8
   for fault, _, _, exit_cell, restarted, lost in faults:
     assert lost, fault  # Each fault says how much work it costs.
+    assert not lost.startswith("up to ") or lost.startswith(bound), (fault, lost)
     codes = [int(c) for c in re.findall(r"(?<![\w-])\d+", exit_cell)]
     assert all(c in exit_codes.BY_CODE or c == exit_codes.FAILED_EXIT for c in codes), fault
     if codes:

@@ -1,4 +1,5 @@
-"""The local and peer checkpoint tiers (trainer/checkpoint/local.py): a lost host costs at most a step.
+"""The local and peer checkpoint tiers (trainer/checkpoint/local.py): a host lost after its copy landed
+costs at most a step (tests/test_lost_host_bound.py kills anywhere against the worst case).
 
 One 2-process job under launch/local.py's restarts, persistent checkpoints every 6 steps, local copies
 every step; process 1 is killed four times where a pause holds it (the steps drawn from a seed and
@@ -38,11 +39,11 @@ FLAGS = [
 
 
 class _Job:
-  def __init__(self, workdir, local_dir, pauses_file, *launcher_flags, env=None):
+  def __init__(self, workdir, local_dir, pauses_file, *launcher_flags, env=None, flags=FLAGS):
     main = ["--main=tests/main_with_pauses.py", "--", f"@{pauses_file}"] if pauses_file else ["--"]
     self.proc = subprocess.Popen(
       [sys.executable, "launch/local.py", "--processes=2", "--cpu_devices=4", *launcher_flags, *main]
-      + [*FLAGS, f"--config.checkpoint.local_dir={local_dir}", f"--workdir={workdir}"],
+      + [*flags, f"--config.checkpoint.local_dir={local_dir}", f"--workdir={workdir}"],
       cwd=REPO,
       env=env,
       stdout=subprocess.PIPE,
@@ -491,7 +492,7 @@ def test_a_paced_copy_starts_a_part_per_dispatched_step_and_never_waits_long_for
   dispatches, steps dispatched together too (on a TPU a step dispatched behind a whole copy's transfers
   waited for them); the loop's wait for the copy starts the rest at once, and a loop that stops stepping
   (a batch not ready, an evaluation) holds a copy back for PACE_WAIT_S at most: a kill there still
-  loses only the step in flight."""
+  loses no more than the bound."""
   import jax.numpy as jnp
 
   monkeypatch.setattr(local, "PACE_WAIT_S", 60.0)

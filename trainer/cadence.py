@@ -217,8 +217,11 @@ class CopyCadence(_Published):
 def lost_steps(every: int, whole: int) -> int:
   """The most steps a lost host costs with a copy every `every` steps, each whole (paced to host memory,
   written, sent) `whole` steps after its own: a kill just before copy k is whole falls back to copy
-  k - every. The next copy waits for the one before, so no copy is in flight longer than `every` steps."""
-  return every + min(max(whole, 1), every) - 1
+  k - every. The next copy waits for the one before, so no copy is in flight longer than `every` of its
+  own process's steps; but a process waits for copy k after it dispatched the step after those, which
+  another process can finish (its row written) before copy k is whole: one step more
+  (tests/test_lost_host_bound.py kills there)."""
+  return every + min(max(whole, 1), every)
 
 
 def _steps(n: int) -> str:

@@ -1,5 +1,5 @@
-"""The local and peer checkpoint tiers: a lost host costs at most the step in flight, not a persistent
-checkpoint interval.
+"""The local and peer checkpoint tiers: a lost host costs a few steps (trainer/cadence.py's lost_steps:
+2 with a copy every step), not a persistent checkpoint interval.
 
 Every `checkpoint.local_every` steps the loop dispatches a copy of the whole train state (params,
 variables, EMA, optimizer state, RNG, step) on its devices, which the next step does not donate (or,
@@ -48,7 +48,7 @@ from trainer.observe.metrics import console
 PUT, GET = 2, 3  # Peer-service message types (peers.PROBE is 1).
 _PEER_TIMEOUT_S = 120.0
 # How long a copy's next part waits for a step: a loop that is not stepping (taking a batch, evaluating,
-# saving) never holds a copy back longer, so a lost host still loses at most the step in flight.
+# saving) never holds a copy back longer, so a lost host still loses no more than lost_steps says.
 PACE_WAIT_S = 0.1
 
 
