@@ -77,6 +77,7 @@ def test_every_checkpoint_damaged_resumes_from_a_local_copy_not_from_scratch(tmp
   train(_cfg(**{"checkpoint.local_every": 1}), workdir)
   out = capsys.readouterr().out
   assert "local tier: copies taken in pinned host memory" in out, out
+  assert re.search(r"local tier: up to .*; a lost host costs up to 2 steps\n", out), out  # lost_steps(1, 1)
   assert "checkpoint 2 is damaged" in out and "checkpoint 4 is damaged" in out, out
   assert re.search(r"restored step [34] from the local tier: process 0 from its own copy", out), out
   np.testing.assert_array_equal(_trajectory(workdir), straight)
