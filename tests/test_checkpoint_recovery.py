@@ -77,7 +77,7 @@ def test_every_checkpoint_damaged_resumes_from_a_local_copy_not_from_scratch(tmp
   train(_cfg(**{"checkpoint.local_every": 1}), workdir)
   out = capsys.readouterr().out
   assert "local tier: copies taken in pinned host memory" in out, out
-  assert re.search(r"local tier: up to .*; a lost host costs up to 2 steps\n", out), out  # lost_steps(1, 1)
+  assert "local tier: copies every step; a lost host costs up to 2 steps\n" in out, out  # lost_steps(1, 1)
   assert "checkpoint 2 is damaged" in out and "checkpoint 4 is damaged" in out, out
   assert re.search(r"restored step [34] from the local tier: process 0 from its own copy", out), out
   np.testing.assert_array_equal(_trajectory(workdir), straight)
@@ -85,15 +85,19 @@ def test_every_checkpoint_damaged_resumes_from_a_local_copy_not_from_scratch(tmp
 
 def test_a_run_with_replica_checks_resumes_only_from_a_copy_a_check_saw(tmp_path, capsys):
   """A copy holds one replica per shard and its restore puts it on every device: a divergence the
-  replica check looks for would be gone. With checks.replica_every=3, step 4's copy (unchecked) is
-  passed over for step 3's, said in a line, and the trajectory is the uninterrupted run's."""
+  replica check looks for would be gone. With checks.replica_every=3, the tier copies step 3 beside its
+  own every 4; step 4's copy (unchecked) is passed over for step 3's, said in a line, and the
+  trajectory is the uninterrupted run's."""
   workdir = str(tmp_path)
-  cfg = lambda: _cfg(**{"checkpoint.local_every": 1, "checkpoint.every": 100, "checks.replica_every": 3})
+  # Copies every 4 steps, and at the checked steps too: 3's exists because a check saw it.
+  cfg = lambda: _cfg(**{"checkpoint.local_every": 4, "checkpoint.every": 100, "checks.replica_every": 3})
   train(cfg(), workdir, stop_after=5)
-  _tear(workdir, 5)  # The save at the stop (never a copy): the copies of steps 2-4 remain.
+  _tear(workdir, 5)  # The save at the stop (never a copy): the copies of steps 3 and 4 remain.
   train(cfg(), workdir)
   out = capsys.readouterr().out
   assert "local tier: step 4's copy was taken after the last check it can resume from (step 3)" in out, out
+  said = "local tier: a run with checks resumes only from a copy a check saw, taken every 3 steps; a lost "
+  assert said + "host costs up to 6 steps" in out, out  # lost_steps(3, 3)
   assert "restored step 3 from the local tier: process 0 from its own copy" in out, out
   straight = str(tmp_path / "straight")
   train(cfg(), straight)

@@ -131,8 +131,11 @@ class CopyCadence(_Published):
   rule took 512: WORKSPACE). Where copies leave no window without one (every step, say), one window in
   PROBE_AFTER + 1 is left without copies to measure against, said with what a lost host costs there."""
 
-  def __init__(self, local_every: int, log_every: int, timeout_s: float):
+  def __init__(self, local_every: int, log_every: int, timeout_s: float, checked_every: int = 0):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
+    # A run with checks resumes only from a copy a check saw: copies at its checked steps too (checked),
+    # and a lost host costs what their interval allows, whatever N.
+    self.checked_every = checked_every if local_every else 0
     self.fixed, self.adapts = max(local_every, 0), local_every < 0  # 0: no copies.
     self.every, self._from, self._waited_s, self._busy_s = self.fixed or 1, 0, 0.0, 0.0
     self._step_times: collections.deque[float] = collections.deque(maxlen=8)
@@ -145,6 +148,15 @@ class CopyCadence(_Published):
 
   def begin(self, step: int, attempt: int) -> None:
     self.every, self._from = self.fixed or 1, step
+    if self.checked_every:
+      console(
+        f"local tier: a run with checks resumes only from a copy a check saw, taken every "
+        f"{self.checked_every} steps; a lost host costs up to {_steps(self._lost(1))}"
+      )
+    elif self.fixed or self.adapts:
+      how = f"copies every {self.every} steps" if self.fixed > 1 else "copies every step"
+      until = " until a line says otherwise" if self.adapts else ""
+      console(f"local tier: {how}{until}; a lost host costs up to {_steps(self._lost(self.every))}")
     self._step_times.clear()
     self._quiet.clear()
     self._busy.clear()
@@ -168,15 +180,25 @@ class CopyCadence(_Published):
         if len(measured) > 3:  # Measured: slowdown.
           why += f"; steps {measured[3]}% slower beside a copy in flight for {measured[4]} s"
         why = f" ({why})" if why else ""
-        lost = _steps(lost_steps(self.every, whole))
+        lost = _steps(self._lost(whole))
         console(f"local tier: a copy {how} from step {step}{why}; a lost host costs up to {lost}")
-      if probe:
+      if probe and not self.checked_every:  # Checked steps are copied all the same.
         last = step + self.log_every - 1
         console(
           f"local tier: no copies in steps {step}-{last}, a window that measures the steps without them; a "
           f"lost host there costs up to {_steps(lost_steps(self.every, whole) + self.log_every)}"
         )
     return step % self.every == 0 and step >= self._quiet_until
+
+  def checked(self, step: int) -> bool:
+    """Whether `step` is copied as a step the checks see (a run with checks resumes only from one)."""
+    return bool(self.checked_every) and step % self.checked_every == 0
+
+  def _lost(self, whole: int) -> int:
+    """The worst case a lost host costs now: lost_steps of the copies it can resume from."""
+    if self.checked_every:
+      return lost_steps(self.checked_every, self.checked_every)
+    return lost_steps(self.every, whole)
 
   def decide(
     self, step: int, copy_s: float, step_s: float, waited_s: float, busy_s: float = 0.0, span_s: float = 0.0

@@ -16,6 +16,7 @@ from errors import UserError
 from trainer import hooks as hooks_lib
 from trainer.cadence import ByClock, CopyCadence, itstime
 from trainer.checkpoint import restore, store
+from trainer.checks import integrity
 from trainer.evaluate import evaluate, evaluators
 from trainer.observe import flops, profiling, recovery_time, straggler
 from trainer.observe.metrics import Window, console, eval_line, progress_line
@@ -45,7 +46,8 @@ class Loop:
     self.timed_saves = ByClock("checkpoint", c.checkpoint.every_s, c.log_every, c.watchdog.step_timeout_s)
     self.timed_saves.begin(self.start, self.rollbacks)
     local_every = c.checkpoint.local_every if run.local is not None else 0
-    self.copies = CopyCadence(local_every, c.log_every, c.watchdog.step_timeout_s)
+    checked_every = integrity.interval(run.comp, c) if run.local is not None else 0
+    self.copies = CopyCadence(local_every, c.log_every, c.watchdog.step_timeout_s, checked_every)
     self.copies.begin(self.start, self.rollbacks)
     made = hooks_lib.load(run.comp.experiment, c)
     self.hooks = hooks_lib.Hooks(made, c, run.workdir, run.comp.mdef, run.log, c.watchdog.step_timeout_s)
@@ -69,7 +71,7 @@ class Loop:
           log_now = itstime(self.step, self.config.log_every, self.last_step, last=True) or stop
           save_now = self._saves(self.step) or stop
           # The last step is saved to the persistent tier, always: a copy of it would only stand in for it.
-          copy_now = self.copies.due(self.step)
+          copy_now = self.copies.due(self.step) or self.copies.checked(self.step)
           copy_now = copy_now and self.step != self.last_step
           # Never log past, or save, a non-finite state (a copy checks on its own thread: no wait here).
           bad = self.window.first_nonfinite_step() if log_now or save_now else None

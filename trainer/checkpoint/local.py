@@ -39,7 +39,6 @@ import time
 import jax
 
 from errors import UserError
-from trainer import cadence
 from trainer.checkpoint import device_memory, local_room
 from trainer.checkpoint import local_copies as copies
 from trainer.checkpoint.local_shards import device_copy, host_copy, pinned_copy, state_bytes, to_state
@@ -353,11 +352,7 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
   key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
   link_timeout_s = config.watchdog.peer_timeout_s or _PEER_TIMEOUT_S
   tier = LocalTier(local_dir, key, json.loads(config.to_json()), link_timeout_s, c.local_pace_mib)
-  # The worst case until the cadence says otherwise: copies every step (-1), or N steps, whole within N.
-  every = max(c.local_every, 1)
-  lost = f"a lost host costs up to {cadence.lost_steps(every, every)} steps"
-  lost += " (until a line says otherwise)" if c.local_every < 0 else ""
-  console(f"local tier: {local_room.memory_line(held, partnered)}; {local_dir}; {lost}")
+  console(f"local tier: {local_room.memory_line(held, partnered)}; {local_dir}")
   return tier
 
 

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from trainer.checkpoint import local as local_lib
 from trainer.checkpoint import store
+from trainer.checks import integrity
 from trainer.config import assemble, resume
 from trainer.observe.metrics import console
 
@@ -66,7 +67,7 @@ def _from_local_tier(
   than `newer_than`; else None (`say_why`: with a line saying why, where copies existed). `before_read`
   runs once such a step is found, before its copy is read."""
   timeout_s = config.watchdog.restore_timeout_s
-  checked = bool(config.checks.replica_every or config.checks.recompute_every)
+  checked = integrity.interval(comp, config) > 0
   if found := local_lib.restore_newest(local, target, newer_than, timeout_s, say_why, before_read, checked):
     state, position, saved, step = found  # Written under this very layout: nothing to re-check.
     return _resumed(state, position, step, saved, comp, config, changed=False)._replace(from_local_tier=True)

@@ -14,14 +14,27 @@ from trainer.cluster import runtime
 from trainer.observe.metrics import console
 
 
+def _nondeterministic() -> bool:
+  # Two runs of one step on a GPU differ without deterministic kernels: every check would accuse a
+  # healthy device (trainer/cluster/runtime.py).
+  return jax.default_backend() == "gpu" and not runtime.gpu_ops_deterministic()
+
+
+def interval(comp, config) -> int:
+  """The steps between checked steps (0: no check runs): the replica check's, or the recompute check's
+  where it can run. The local tier copies at those steps too, and a run with checks resumes only from
+  such a copy (trainer/checkpoint/local.py's restore_newest)."""
+  c = config.checks
+  recomputes = c.recompute_every and not _nondeterministic() and recompute.rotated_mesh(comp.mesh) is not None
+  return min((e for e in (c.replica_every, c.recompute_every if recomputes else 0) if e), default=0)
+
+
 class Checks:
   def __init__(self, comp, config, make_train_step):
     c = config.checks
     self.mesh, self.replica_every = comp.mesh, c.replica_every
     every = c.recompute_every
-    # Two runs of one step on a GPU differ without deterministic kernels: every check would accuse a
-    # healthy device (trainer/cluster/runtime.py).
-    nondeterministic = jax.default_backend() == "gpu" and not runtime.gpu_ops_deterministic()
+    nondeterministic = _nondeterministic()
     self.recompute = recompute.RecomputeCheck(
       comp, config.microbatches, make_train_step, 0 if nondeterministic else every
     )
