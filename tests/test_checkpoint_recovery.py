@@ -83,27 +83,6 @@ def test_every_checkpoint_damaged_resumes_from_a_local_copy_not_from_scratch(tmp
   np.testing.assert_array_equal(_trajectory(workdir), straight)
 
 
-def test_a_run_with_replica_checks_resumes_only_from_a_copy_a_check_saw(tmp_path, capsys):
-  """A copy holds one replica per shard and its restore puts it on every device: a divergence the
-  replica check looks for would be gone. With checks.replica_every=3, the tier copies step 3 beside its
-  own every 4; step 4's copy (unchecked) is passed over for step 3's, said in a line, and the
-  trajectory is the uninterrupted run's."""
-  workdir = str(tmp_path)
-  # Copies every 4 steps, and at the checked steps too: 3's exists because a check saw it.
-  cfg = lambda: _cfg(**{"checkpoint.local_every": 4, "checkpoint.every": 100, "checks.replica_every": 3})
-  train(cfg(), workdir, stop_after=5)
-  _tear(workdir, 5)  # The save at the stop (never a copy): the copies of steps 3 and 4 remain.
-  train(cfg(), workdir)
-  out = capsys.readouterr().out
-  assert "local tier: step 4's copy was taken after the last check it can resume from (step 3)" in out, out
-  said = "local tier: a run with checks resumes only from a copy a check saw, taken every 3 steps; a lost "
-  assert said + "host costs up to 6 steps" in out, out  # lost_steps(3, 3)
-  assert "restored step 3 from the local tier: process 0 from its own copy" in out, out
-  straight = str(tmp_path / "straight")
-  train(cfg(), straight)
-  np.testing.assert_array_equal(_trajectory(workdir), _trajectory(straight))
-
-
 def test_a_fallback_with_no_newer_copy_reads_the_older_checkpoint_once(
   tmp_path, straight, capsys, monkeypatch
 ):

@@ -353,8 +353,7 @@ CLI = [
 ]
 
 
-def _unsecret(objects: list[dict]) -> list[dict]:
-  """The objects with the peer secret's value, made anew per rendering, left out."""
+def _unsecret(objects: list[dict]) -> list[dict]:  # The peer secret's value is new per rendering.
   return [{**o, "stringData": "..."} if o["kind"] == "Secret" else o for o in objects]
 
 

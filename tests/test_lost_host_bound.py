@@ -26,7 +26,7 @@ import pytest
 from tests.conftest import TINY_FLAGS, train_losses
 from tests.test_local_tier import _Job, _process_pid
 from trainer.cadence import lost_steps
-from trainer.checkpoint import local, local_copies
+from trainer.checkpoint import local, local_copies, local_restore
 from trainer.cluster import peers
 
 pytestmark = pytest.mark.slow
@@ -213,7 +213,7 @@ class _Pipeline:
     if wiped:  # A replacement host: its own copies and those it held for its partner are gone.
       shutil.rmtree(self.tiers[self.victim].root)
     holdings = {p: t.holdings() for p, t in enumerate(self.tiers)}
-    return local.newest_common(holdings, 2) or 0
+    return local_restore.newest_common(holdings, 2) or 0
 
   def whole(self, parts: int) -> int:
     """Steps a copy is in flight, from its save to sent whole by both processes (the most of those that

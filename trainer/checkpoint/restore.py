@@ -4,8 +4,7 @@ mesh), else a fresh sharded init."""
 import json
 from typing import NamedTuple
 
-from trainer.checkpoint import local as local_lib
-from trainer.checkpoint import store
+from trainer.checkpoint import local_restore, store
 from trainer.checks import integrity
 from trainer.config import assemble, resume
 from trainer.observe.metrics import console
@@ -68,7 +67,9 @@ def _from_local_tier(
   runs once such a step is found, before its copy is read."""
   timeout_s = config.watchdog.restore_timeout_s
   checked = integrity.interval(comp, config) > 0
-  if found := local_lib.restore_newest(local, target, newer_than, timeout_s, say_why, before_read, checked):
+  if found := local_restore.restore_newest(
+    local, target, newer_than, timeout_s, say_why, before_read, checked
+  ):
     state, position, saved, step = found  # Written under this very layout: nothing to re-check.
     return _resumed(state, position, step, saved, comp, config, changed=False)._replace(from_local_tier=True)
   return None

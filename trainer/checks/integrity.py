@@ -23,7 +23,7 @@ def _nondeterministic() -> bool:
 def interval(comp, config) -> int:
   """The steps between checked steps (0: no check runs): the replica check's, or the recompute check's
   where it can run. The local tier copies at those steps too, and a run with checks resumes only from
-  such a copy (trainer/checkpoint/local.py's restore_newest)."""
+  such a copy (trainer/checkpoint/local_restore.py's restore_newest)."""
   c = config.checks
   recomputes = c.recompute_every and not _nondeterministic() and recompute.rotated_mesh(comp.mesh) is not None
   return min((e for e in (c.replica_every, c.recompute_every if recomputes else 0) if e), default=0)
