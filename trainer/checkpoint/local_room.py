@@ -28,7 +28,8 @@ def shortfall(local_dir: str, state_bytes: int, partnered: bool = True) -> str |
   of its partner's where it has one, and the spare of each that the next copy is written over."""
   try:
     os.makedirs(local_dir, exist_ok=True)
-    have = shutil.disk_usage(local_dir).free + _bytes_under(local_dir)
+    held = _bytes_under(local_dir)  # The run's own copies, written over: room too.
+    have = shutil.disk_usage(local_dir).free + held
   except OSError as e:
     return f"checkpoint.local_dir={local_dir} cannot be used ({e.strerror or e})"
   need = (1 + partnered) * (KEEP + 1) * state_bytes
@@ -40,7 +41,7 @@ def shortfall(local_dir: str, state_bytes: int, partnered: bool = True) -> str |
   # A folder in host memory (tmpfs, /dev/shm) is often as large as the memory itself, which the process
   # and the copy in flight (its shards read from the devices, and a pinned copy) need too.
   available = device_memory.host_available_bytes() if _in_memory(local_dir) else None
-  more = need - _bytes_under(local_dir) + 2 * state_bytes
+  more = need - held + 2 * state_bytes
   if available is None or more <= available:
     return None
   return (
