@@ -1,5 +1,6 @@
 """The first checks on an NVIDIA GPU or a TPU, one table: run by benchmarks/gpu_check.sh (which finds the
-Python and the packages); `--allow_cpu` runs the same code on CPU at toy sizes (tests/test_gpu_check.py).
+Python and the packages); `--allow_cpu` runs the same code on CPU at toy sizes (tests/test_gpu_check.py);
+`--only=lm_125m,recompute` runs those checks alone (lm_125m's also gives the memory row).
 
   attention     the fused kernel `auto` picks (cuDNN's on GPUs, Pallas splash on TPUs) against XLA's,
                 forward values, bf16 causal GQA
@@ -100,7 +101,7 @@ def _train(config) -> tuple[dict, list[dict]]:
   return summary, rows
 
 
-def check_bf16(full: bool) -> None:
+def check_bf16_vs_fp32(full: bool) -> None:
   steps = 50 if full else 4
   fp32, _ = _train(_smoke_config(full, steps, "float32"))
   bf16, _ = _train(_smoke_config(full, steps, "bfloat16"))
@@ -141,6 +142,7 @@ def _lm_125m(full: bool):
   config.eval_every = config.eval_steps = 0
   config.checkpoint.every = config.steps
   config.checks.replica_every = 0
+  config.checks.recompute_every = 0  # 40 steps never reach it: the memory row's estimate is the step's.
   if full:
     config.global_batch_size = 16  # 32k tokens per step.
   return config
@@ -200,7 +202,9 @@ def _step_twice(full: bool) -> tuple[int, int, str]:
   with jax.set_mesh(comp.mesh):
     for _ in range(2):
       new, metrics = step(jax.tree.map(jnp.copy, state), batch)  # The step donates its state.
-      runs.append([("loss", metrics["loss"]), *replicas.named_leaves(new)])
+      # On the host at once: a third state on the device ran a 16 GiB TPU v5e out of memory.
+      runs.append(jax.device_get([("loss", metrics["loss"]), *replicas.named_leaves(new)]))
+      del new, metrics
   same = lambda x, y: np.array_equal(np.asarray(x), np.asarray(y))
   differ = [n for (n, x), (_, y) in zip(*runs, strict=True) if not same(x, y)]
   return len(differ), len(runs[0]), (differ or [""])[0]
@@ -252,12 +256,14 @@ def check_lm_125m(full: bool) -> None:
   from trainer.modes import inspect
 
   config = _lm_125m(full)
-  estimate = inspect.report(config)["compiled"]["memory_per_device"]["total"]
-  summary, rows = _train(config)
-  tokens = statistics.median(r["tokens_per_s"] for r in rows[1:] or rows)  # The first window compiles.
+  memory = inspect.report(config)["compiled"]["memory_per_device"]
+  estimate = memory["total"]
+  _, rows = _train(config)
+  steady = rows[1:] or rows  # The first window compiles.
+  tokens = statistics.median(r["tokens_per_s"] for r in steady)
   TOKENS.append(tokens)
-  mfu = summary.get("mfu")
-  mfu_text = f"{100 * mfu:.1f}%" if isinstance(mfu, float) else str(mfu)
+  mfus = [r["mfu"] for r in steady if isinstance(r.get("mfu"), float)]  # None where no peak is known.
+  mfu_text = f"{100 * statistics.median(mfus):.1f}%" if mfus else "n/a"
   row(
     "lm_125m",
     f"{tokens:,.0f} tokens/s, MFU {mfu_text} (batch {config.global_batch_size} x {config.data.seq_len})",
@@ -273,9 +279,11 @@ def check_lm_125m(full: bool) -> None:
       not full,
     )
   ok = peak <= 1.25 * estimate + 2**28
+  gib = lambda key: f"{memory[key] / 2**30:.2f}"  # noqa: E731
+  parts = f"arguments {gib('argument')}, temporaries {gib('temp')}, a local copy {gib('local_copy')}"
   row(
     "memory",
-    f"peak {peak / 2**30:.2f} GiB, inspect's estimate {estimate / 2**30:.2f} GiB",
+    f"peak {peak / 2**30:.2f} GiB, inspect's estimate {estimate / 2**30:.2f} GiB ({parts})",
     "<= 1.25x + 256 MiB",
     ok,
   )
@@ -285,6 +293,7 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--allow_cpu", action="store_true", help="run at toy sizes on CPU (the suite's test)")
   parser.add_argument("--nondeterministic_child", action="store_true", help="the recompute row's child")
+  parser.add_argument("--only", default="", help="the checks to run, e.g. --only=lm_125m,recompute")
   args = parser.parse_args()
   from trainer.cluster import runtime
 
@@ -313,7 +322,7 @@ def main() -> int:
   # the same process (cuDNN graph capture: "capturing stream has unjoined work"); in a fresh process,
   # as training runs, it did not (WORKSPACE, First GPU).
   checks = (
-    check_bf16,
+    check_bf16_vs_fp32,
     check_transfer,
     check_checkpoint,
     check_lm_125m,
@@ -322,7 +331,17 @@ def main() -> int:
     check_flash,
     check_attention,
   )
+  names = [c.__name__.removeprefix("check_") for c in checks]
+  only = [n for n in args.only.split(",") if n]
+  if unknown := sorted(set(only) - set(names)):
+    print(
+      f"error: --only={args.only}: no check {', '.join(unknown)}; the checks: {', '.join(names)}",
+      file=sys.stderr,
+    )
+    return 2
   for check in checks:
+    if only and check.__name__.removeprefix("check_") not in only:
+      continue
     try:
       check(full)
     except Exception as e:  # noqa: BLE001 - one failed check is a FAIL row; the others still run.

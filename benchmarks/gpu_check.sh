@@ -3,7 +3,8 @@
 # row checks and the bound it is held to); exits 1 when a check failed. On a machine without a GPU it
 # says so in one line and exits 0.
 #
-#   benchmarks/gpu_check.sh            run the checks, on the JAX this machine has (.venv's, else python3's)
+#   benchmarks/gpu_check.sh            run the checks, on the JAX this machine has (.venv's, else python3's);
+#                                      --only=lm_125m,recompute runs those rows alone
 #   benchmarks/gpu_check.sh --wheels   on a machine with PyPI: download into build/gpu_wheels the packages
 #                                      a GPU image with only jax, flax, optax and orbax lacks (a few MB)
 #
@@ -55,7 +56,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # 8 minutes at most: a check that hangs must not eat the machine's time.
-timeout 480 "$py" benchmarks/gpu_check.py
+timeout 480 "$py" benchmarks/gpu_check.py "$@"
 rc=$?
 [ $rc -eq 124 ] && echo "error: gpu_check ran past 8 minutes" >&2
 exit $rc

@@ -47,3 +47,25 @@ def test_gpu_check_runs_every_check_on_cpu_at_toy_sizes():
   ]
   assert checks == expected, table
   assert all(line.rstrip().endswith("| ok |") for line in table[1:]), table
+
+
+def test_gpu_check_only_runs_the_checks_it_names_and_refuses_others():
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  run = lambda only: subprocess.run(  # noqa: E731
+    [sys.executable, "benchmarks/gpu_check.py", "--allow_cpu", f"--only={only}"],
+    cwd=REPO,
+    env={**env, "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  r = run("transfer")
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+  assert [line.split("|")[1].strip() for line in r.stdout.splitlines() if line.startswith("| ")][1:] == [
+    "transfer"
+  ]
+  r = run("transfer,memory")
+  assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+    "error: --only=transfer,memory: no check memory; the checks: bf16_vs_fp32, transfer, checkpoint, "
+    "lm_125m, recompute, moe_dropless, flash, attention"
+  ], r.stderr
