@@ -65,6 +65,8 @@ def _fail(msg: str, code: int = exit_codes.USER_EXIT) -> None:
 def _interrupted(e: interrupts.Interrupted) -> None:
   print(e.line(), file=sys.stderr, flush=True)
   sys.stdout.flush()
+  if (runtime := sys.modules.get("trainer.cluster.runtime")) is not None:
+    runtime.exit_now_if_joined(e.exit_code)  # Process 0 last: its peers' lines are printed too.
   # At once: threads of Orbax or Grain may be mid-flight, and a joined process would otherwise wait
   # at JAX's shutdown barrier for peers. Nothing was being written that a restart needs.
   os._exit(e.exit_code)

@@ -8,11 +8,13 @@ experiment file; tests/test_fork.py does that):
 - `boom` (every process, every 5 steps): raises on process 1.
 - the evaluator `probe` (every process, at each evaluation): the LM task scorer's log-likelihoods and
   greedy tokens (experiments/_lm_tasks.py) of fixed token ids, from the weights as the mesh holds them.
+- ERROR_LINE_LATE_S=S: process 1 finds its `error:` line S seconds after the others.
 """
 
 import os
 import runpy
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -21,6 +23,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments import _lm_tasks, lm  # noqa: E402
+from trainer.cluster import failures  # noqa: E402
 from trainer.hooks import Evaluator, Hook  # noqa: E402
 
 PAIRS = [([3, 5, 7], [9, 11]), ([4], [6, 8, 10])]  # (context, continuation) token ids.
@@ -47,7 +50,20 @@ def _boom(ctx) -> None:
     raise RuntimeError("a bug in the fork's hook")
 
 
+def _late_on_process_1(error_line, seconds: float):
+  """main.py's error line, found `seconds` late on process 1: process 0 must not leave the job first."""
+
+  def late(*args):
+    if jax.process_index() == 1:
+      time.sleep(seconds)
+    return error_line(*args)
+
+  return late
+
+
 if __name__ == "__main__":  # Importing it (the test does, for `probe`) changes nothing.
+  if late_s := float(os.environ.get("ERROR_LINE_LATE_S", 0)):
+    failures.error_line = _late_on_process_1(failures.error_line, late_s)
   lm.evaluators = lambda config: [Evaluator("probe", lambda ctx: probe(ctx.model(), ctx.config.data.seq_len))]
   lm.hooks = lambda config: [
     Hook("gathered", _gathered, every=4, on="process_0"),

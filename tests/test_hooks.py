@@ -144,8 +144,9 @@ def test_a_malformed_hook_is_one_error(made, problem, monkeypatch):
 
 def test_two_processes_gather_for_process_0_and_stop_together_when_one_raises(tmp_path):
   """`gathered` sees the whole state on process 0; `boom` raises on process 1 at step 5: both processes
-  save step 5 and exit 8, each with its line. The evaluator `probe` scores token ids with the LM's task
-  scorer on the weights as 2 processes hold them: what one device computes from checkpoint 4."""
+  save step 5 and exit 8, each with its line (process 1's even when it comes late). The evaluator
+  `probe` scores token ids with the LM's task scorer on the weights as 2 processes hold them: what one
+  device computes from checkpoint 4."""
   launcher = [
     sys.executable,
     "launch/local.py",
@@ -160,11 +161,20 @@ def test_two_processes_gather_for_process_0_and_stop_together_when_one_raises(tm
     "--config.checkpoint.local_every=0",
     "--config.eval_every=2",
   ]
+  # Process 1's line comes late: process 0, which hosts the coordination service, must wait for it to
+  # leave, or JAX aborts it first ("Terminating process because the JAX distributed service ...").
+  env = {**os.environ, "ERROR_LINE_LATE_S": "1.5"}
   result = subprocess.run(
-    [*launcher, "--", *flags, f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=240
+    [*launcher, "--", *flags, f"--workdir={tmp_path}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=240,
+    env=env,
   )
   out = result.stdout + result.stderr
   assert result.returncode == exit_codes.HOOK_EXIT, out[-3000:]
+  assert "Terminating process" not in out, out[-3000:]
   assert "error: hook 'boom' raised at step 5: RuntimeError: a bug in the fork's hook" in out
   assert "error: hook 'boom' raised on another process at step 5" in out
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["4", "5"]

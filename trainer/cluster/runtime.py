@@ -3,8 +3,10 @@
 import ipaddress
 import os
 import sys
+import time
 
 import jax
+from jax._src import distributed
 
 from errors import UserError
 from trainer import rundir
@@ -185,7 +187,34 @@ def exit_now_if_joined(code: int) -> None:
   if jax.distributed.is_initialized():
     sys.stdout.flush()
     sys.stderr.flush()
+    _leave_last_if_coordinator()
     os._exit(code)
+
+
+LEAVE_WAIT_S = 5.0
+
+
+def _leave_last_if_coordinator() -> None:
+  """Process 0 hosts the coordination service: once it is gone, JAX aborts every other process at
+  once, and a peer that was about to print its own `error:` line of a stop they all agreed on (a
+  fork's hook that raised, say) never did. So each other process says it is leaving, and process 0
+  waits for them, LEAVE_WAIT_S at most: peers stuck in a collective are ended as before."""
+  client = distributed.global_state.client
+  if client is None or jax.process_count() == 1:
+    return
+  me = jax.process_index()
+  try:
+    if me:
+      client.key_value_set(f"leaving/{me}", "1", allow_overwrite=True)
+      return
+    deadline = time.monotonic() + LEAVE_WAIT_S
+    for peer in range(1, jax.process_count()):
+      left_ms = int(1000 * (deadline - time.monotonic()))
+      if left_ms <= 0:
+        return
+      client.blocking_key_value_get(f"leaving/{peer}", left_ms)
+  except Exception:  # noqa: BLE001 - the service's deadline or a peer already gone: leave now.
+    return
 
 
 def join_job(
