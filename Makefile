@@ -45,8 +45,11 @@ lint: $(DEV_STAMP)
 	$(PY) -m ruff format --check .
 
 # The whole suite, tests/test_slurm.py included; pyproject's `-ra` lists every skip with its reason.
+# TEST_WORKERS pytest-xdist workers, each taking whole test files (their module fixtures run once):
+# many tests wait on the processes they start, so 2 keep 2 cores busy (1: one process, no xdist).
+TEST_WORKERS ?= 2
 test: lint $(TEST_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 check: lint
 	$(PY) -m pytest -q tests/test_configs.py tests/test_experiment_contract.py

@@ -20,6 +20,7 @@ ENV = "NEEDS_ROOT_SKIPS"
 _MENTIONS_ROOT = re.compile(r"\broot\b", re.IGNORECASE)
 _FILE = pytest.StashKey[str | None]()
 _SKIPPED = pytest.StashKey[list[str]]()
+_CONFIG = [None]  # pytest_runtest_logreport is given the report alone.
 
 
 def pytest_configure(config):
@@ -31,6 +32,7 @@ def pytest_configure(config):
   # Taken out of the environment: a pytest that a test starts writes nothing into the run's list.
   config.stash[_FILE] = os.environ.pop(ENV, None)
   config.stash[_SKIPPED] = []
+  _CONFIG[0] = config
 
 
 def _reason(report) -> str:
@@ -44,15 +46,19 @@ def pytest_runtest_makereport(item, call):
   report = yield
   if not report.skipped or hasattr(report, "wasxfail"):
     return report
-  if item.get_closest_marker(MARKER) is not None:
-    item.config.stash[_SKIPPED].append(f"{item.nodeid}: {_reason(report)}")
-  elif _MENTIONS_ROOT.search(_reason(report)):
+  if item.get_closest_marker(MARKER) is None and _MENTIONS_ROOT.search(_reason(report)):
     report.outcome = "failed"
     report.longrepr = (
       f"{item.nodeid} skipped for want of root ({_reason(report)}) without @pytest.mark.{MARKER}: "
       "mark it, so that the run names it among the tests that need root"
     )
   return report
+
+
+def pytest_runtest_logreport(report):
+  """Where the reports arrive: in pytest's own process, also when xdist's workers ran the tests."""
+  if report.skipped and not hasattr(report, "wasxfail") and MARKER in report.keywords:
+    _CONFIG[0].stash[_SKIPPED].append(f"{report.nodeid}: {_reason(report)}")
 
 
 def pytest_terminal_summary(terminalreporter, config):

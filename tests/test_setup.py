@@ -179,13 +179,15 @@ def test_skipped_for_another_reason():
 """
 
 
-def test_root_only_skips_are_named_from_their_markers_and_an_unmarked_one_fails(tmp_path):
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one_process", "xdist"])
+def test_root_only_skips_are_named_from_their_markers_and_an_unmarked_one_fails(tmp_path, workers):
   """tests/needs_root.py on a probe: the tests marked needs_root that skipped, and only those, are
   listed in the summary and written to NEEDS_ROOT_SKIPS (.ci/run's warnings); a skip that says root
-  without the marker fails, so no root-only test can be left out of the list."""
+  without the marker fails, so no root-only test can be left out of the list. Alike when xdist's
+  workers run the tests (make test)."""
   (tmp_path / "test_probe.py").write_text(PROBE)
   listed = tmp_path / "skips"
-  plugins = ["-p", "tests.needs_root", "-p", "no:cacheprovider"]
+  plugins = ["-p", "tests.needs_root", "-p", "no:cacheprovider", *workers]
   r = subprocess.run(
     [sys.executable, "-m", "pytest", "-q", *plugins, "test_probe.py"],
     cwd=tmp_path,
@@ -195,9 +197,9 @@ def test_root_only_skips_are_named_from_their_markers_and_an_unmarked_one_fails(
     timeout=120,
   )
   assert r.returncode == 1 and "1 failed, 1 passed, 3 skipped" in r.stdout, r.stdout + r.stderr
-  assert listed.read_text().splitlines() == [
-    "test_probe.py::test_marked_in_a_fixture: network namespaces cannot be made here (needs root)",
+  assert sorted(listed.read_text().splitlines()) == [
     "test_probe.py::test_marked: cannot mount a tmpfs here (needs root)",
+    "test_probe.py::test_marked_in_a_fixture: network namespaces cannot be made here (needs root)",
   ]
   assert "needs root: 2 skipped, untested here" in r.stdout, r.stdout
   assert "test_probe.py::test_unmarked skipped for want of root" in r.stdout, r.stdout
