@@ -3,6 +3,7 @@
 import ipaddress
 import os
 import sys
+import threading
 import time
 
 import jax
@@ -204,8 +205,10 @@ def _leave_last_if_coordinator() -> None:
     return
   me = jax.process_index()
   try:
-    if me:
-      client.key_value_set(f"leaving/{me}", "1", allow_overwrite=True)
+    if me:  # A thread: across a partition the call would hang, and this process must still leave.
+      said = threading.Thread(target=client.key_value_set, args=(f"leaving/{me}", "1", True), daemon=True)
+      said.start()
+      said.join(timeout=1.0)
       return
     deadline = time.monotonic() + LEAVE_WAIT_S
     for peer in range(1, jax.process_count()):
