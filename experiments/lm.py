@@ -165,9 +165,14 @@ def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None, config=None
   carries model.z_loss, model.loss_chunk and model.moe's loss weights. From a mixture, each source's
   share of the valid tokens, `share_NAME`."""
   w = batch["weights"]  # [B, L]; 0 for padding rows and padding tokens.
-  h, aux = model.hidden_and_aux(batch["inputs"], batch.get("positions"), batch.get("segment_ids"), w)
+  h, aux, order = model.hidden_aux_and_order(
+    batch["inputs"], batch.get("positions"), batch.get("segment_ids"), w
+  )
+  targets, weights = batch["targets"], w
+  if order is not None:  # The states as a context axis split them: the targets follow, not the states.
+    targets, weights = (jnp.take(a, order, axis=1) for a in (targets, w))
   z_loss = model.z_loss if rng is not None else 0.0
-  sums = losses.token_sums(model.logits, h, batch["targets"], w, chunk=model.loss_chunk, z_loss=z_loss)
+  sums = losses.token_sums(model.logits, h, targets, weights, chunk=model.loss_chunk, z_loss=z_loss)
   metrics = {"accuracy": sums["correct"]}
   if z_loss:
     metrics.update(xent=sums["xent"], z_loss=sums["z_loss"])

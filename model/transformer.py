@@ -156,6 +156,16 @@ class Decoder(nnx.Module):
   def hidden_and_aux(self, tokens, positions=None, segment_ids=None, token_mask=None):
     """Tokens [B, L] -> (hidden states [B, L, D], the MoE layers' auxiliary sums added up, model/moe.py,
     over the tokens of `token_mask` [B, L] (None: all); None without MoE layers)."""
+    h, aux, order = self.hidden_aux_and_order(tokens, positions, segment_ids, token_mask)
+    if order is not None:  # Back to the sequence's order: gathered over the context devices.
+      h = constrain(jnp.take(h, np.argsort(order), axis=1), ("batch", "act_seq", "act_embed"))
+    return h, aux
+
+  def hidden_aux_and_order(self, tokens, positions=None, segment_ids=None, token_mask=None):
+    """hidden_and_aux's states in the order the layers ran them, and that order: under a context axis
+    the sequence balanced over its devices (`order`, [L] positions), else the sequence's own (None). A
+    loss, a sum over positions, takes its targets in that order instead (jnp.take(targets, order,
+    axis=1)): [B, L] ids cross the context devices, not the [B, L, D] states."""
     b, n = tokens.shape
     impl = implementation(self.attention, self.compute_dtype, length=n)
     blockwise = impl in ("flash", "splash")
@@ -198,9 +208,7 @@ class Decoder(nnx.Module):
     else:
       for block in self.blocks:
         x, aux = block_fn(block, (x, aux))
-    if order is not None:  # Back to the sequence's order, for the loss and whoever reads the states.
-      x = constrain(jnp.take(x, np.argsort(order), axis=1), ("batch", "act_seq", "act_embed"))
-    return self.final_norm(x), aux
+    return self.final_norm(x), aux, order
 
   def embed_tokens(self, tokens):
     """Tokens [B, L] -> embeddings [B, L, D] in the compute dtype (a tied table's scaled back up)."""

@@ -2,8 +2,9 @@
 each device runs, as --mode=inspect reads it): a mixture of experts on an expert axis exchanges its
 routed rows by all-to-all and gathers none of them (WORKSPACE "Train a mixture of experts"); ring
 attention at context 4 passes key/value chunks by collective-permute, the all-gather strategy gathers
-them instead; and blockwise attention compiles no [L, L] array, whole or split over the context
-devices, at context 1 or 4 under either strategy (WORKSPACE "Long sequences", model/context.py).
+them instead, and the loss never gathers the decoder's states over context; and blockwise attention
+compiles no [L, L] array, whole or split over the context devices, at context 1 or 4 under either
+strategy (WORKSPACE "Long sequences", model/context.py).
 Each configuration compiles once and is asserted on several times; each claim has a control that
 shows its check can fail."""
 
@@ -12,9 +13,11 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from model import context as context_lib
+from model.transformer import Decoder
 from tests.conftest import tiny_config
 from trainer.modes.inspect import compile_train_step, report
 from trainer.observe.collectives import collectives
@@ -93,6 +96,24 @@ def test_ring_attention_at_context_4_passes_chunks_by_collective_permute():
   _, gathered = _attention("flash", 4, "all_gather")
   assert "collective-permute" not in gathered
   assert any(row["axes"] == ["context"] for row in gathered["all-gather"]), gathered
+
+
+def test_a_context_axis_never_gathers_the_decoders_states_for_the_loss(monkeypatch):
+  """The loss takes its targets in the order the context devices hold the states (model/transformer.py
+  hidden_aux_and_order): no all-gather over context in ring's step. The control: the states put back
+  in the sequence's order first are gathered whole over context ([B, L, D], dimension 1)."""
+  _, table = _attention("flash", 4, "ring")
+  assert not [row for row in table.get("all-gather", []) if "context" in row["axes"]], table
+  ran_in = Decoder.hidden_aux_and_order
+
+  def in_sequence_order(self, *args):
+    h, aux, order = ran_in(self, *args)
+    return jnp.take(h, np.argsort(order), axis=1), aux, None
+
+  monkeypatch.setattr(Decoder, "hidden_aux_and_order", in_sequence_order)
+  hlo, table = _compile("flash", 4, "ring")
+  assert [row for row in table.get("all-gather", []) if row["axes"] == ["context"]], table
+  assert re.search(rf"= f32\[\d+,{L},32\]\S* all-gather\(.*dimensions={{1}}", hlo)
 
 
 def _moe(routing: str) -> dict:
