@@ -89,7 +89,7 @@ def test_ring_attention_at_context_4_passes_chunks_by_collective_permute():
   """ring: key/value chunks travel by collective-permute, each device holding L / 4 tokens of them at a
   time (never the whole sequence); all_gather: no permute, the chunks gathered over context instead."""
   hlo, table = _attention("flash", 4, "ring")
-  assert table.get("collective-permute"), table
+  assert [row["axes"] for row in table.get("collective-permute", [])] == [["context"]], table
   permuted = [line for line in hlo.splitlines() if re.search(r" collective-permute(-start)?\(", line)]
   shapes = [[int(d) for d in m[1].split(",") if d] for line in permuted for m in [_SHAPE.search(line)]]
   assert shapes and all(s[1] == L // 4 for s in shapes), shapes  # [B, L / context, ...]

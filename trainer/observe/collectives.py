@@ -24,6 +24,7 @@ _MESH = re.compile(
   r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))? \{([^}]*)\}"
 )
 _LIST = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)+)\}")
+_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 
 
 def _ints(text: str) -> list[int]:
@@ -88,6 +89,16 @@ def _axes(group, mesh) -> list[str]:
     return []
   coords = np.unravel_index(np.asarray(group), mesh.devices.shape)
   return [name for name, c in zip(mesh.axis_names, coords, strict=True) if len(set(c.tolist())) > 1]
+
+
+def _permute_axes(line: str, mesh) -> list[str]:
+  """The mesh axes a collective-permute's (source, target) pairs move along: a ring over context, say."""
+  if not (m := _PAIRS.search(line)) or not m[1]:
+    return []
+  pairs = np.asarray([int(x) for x in re.findall(r"\d+", m[1])]).reshape(-1, 2)
+  source, target = (np.unravel_index(pairs[:, i], mesh.devices.shape) for i in (0, 1))
+  moved = zip(mesh.axis_names, source, target, strict=True)
+  return [name for name, s, t in moved if np.any(s != t)]
 
 
 def sent_bytes(kind: str, result_bytes: int, group_size: int) -> float:
@@ -160,7 +171,7 @@ def collectives(hlo_text: str, mesh) -> list[dict]:
       if not m or not runs[name]:
         continue
       group = _first_group(line)
-      axes = _axes(group, mesh)
+      axes = _permute_axes(line, mesh) if m["kind"] == "collective-permute" else _axes(group, mesh)
       size = _result_bytes(m["result"], m["kind"], bool(m["start"]))
       group_size = len(group) if group is not None else mesh.devices.size
       key = (m["kind"], tuple(axes))
