@@ -168,9 +168,8 @@ def loss_sums(model: Decoder, batch: dict[str, jax.Array], rng=None, config=None
   h, aux, order = model.hidden_aux_and_order(
     batch["inputs"], batch.get("positions"), batch.get("segment_ids"), w
   )
-  targets, weights = batch["targets"], w
-  if order is not None:  # The states as a context axis split them: the targets follow, not the states.
-    targets, weights = (jnp.take(a, order, axis=1) for a in (targets, w))
+  # In the order a context axis split the states (order): the targets move, not the [B, L, D] states.
+  targets, weights = (a if order is None else jnp.take(a, order, axis=1) for a in (batch["targets"], w))
   z_loss = model.z_loss if rng is not None else 0.0
   sums = losses.token_sums(model.logits, h, targets, weights, chunk=model.loss_chunk, z_loss=z_loss)
   metrics = {"accuracy": sums["correct"]}
