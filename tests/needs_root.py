@@ -8,6 +8,9 @@ the markers rather than from a list kept by hand:
   `nodeid: reason` each, for .ci/run to print as warnings after the run;
 - a skip whose reason mentions root, in a test without the marker, fails instead: that test would be
   missing from both lists.
+
+The lists are kept where the reports arrive, in pytest's own process: under pytest-xdist (make test) the
+workers run the tests and send their reports there.
 """
 
 import os
