@@ -46,7 +46,7 @@ class Loop:
     self.timed_saves = ByClock("checkpoint", c.checkpoint.every_s, c.log_every, c.watchdog.step_timeout_s)
     self.timed_saves.begin(self.start, self.rollbacks)
     local_every = c.checkpoint.local_every if run.local is not None else 0
-    checked_every = integrity.interval(run.comp, c) if run.local is not None else 0
+    checked_every = integrity.interval(run.comp, c)  # No copies (local_every 0): none checked either.
     self.copies = CopyCadence(local_every, c.log_every, c.watchdog.step_timeout_s, checked_every)
     self.copies.begin(self.start, self.rollbacks)
     made = hooks_lib.load(run.comp.experiment, c)
