@@ -44,18 +44,18 @@ def test_the_local_tier_copies_less_often_where_a_copy_takes_more_than_a_tenth_o
     if step % 4 == 0:
       copies.decide(step, copy_s=copy_s, step_s=window_s / 4, waited_s=waited)
       window_s = 0.0
-  # The first window goes without copies but its last step. 0.4 s copies of 0.1 s steps: the waits
-  # taken out, the first decision sees the steps' own 0.1 s and holds from the next logging step on, a
-  # window later: 64 steps a copy (0.4 s is a tenth of 40 steps) from step 8, said once; copies of 5 ms
-  # are a twentieth of a step: every step again.
-  assert due == [4, 5, 6, 7, 64, 76, 77, 78, 79, 80], due
+  # A copy a logging window until one is measured. 0.4 s copies of 0.1 s steps: the waits taken out,
+  # the first decision sees the steps' own 0.1 s and holds from the next logging step on, a window
+  # later: 64 steps a copy (0.4 s is a tenth of 40 steps) from step 8, said once; copies of 5 ms are a
+  # twentieth of a step: every step again.
+  assert due == [4, 64, 76, 77, 78, 79, 80], due
   # Copies dear again: 64 steps a copy from step 88 on, and a window that a copy slowed to 0.2 s per
   # step (the copy's own cost in the loop) does not call for copies more often (32: a tenth of 20 steps).
   for step, window_s in ((84, 0.4), (88, 0.4), (92, 0.8), (96, 0.4), (100, 0.4)):
     copies.due(step)
     copies.decide(step, copy_s=0.4, step_s=window_s / 4, waited_s=waited)
   assert copies.due(104) is False and copies.every == 64
-  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy") and "from step" in line]
   assert lines[2:] == [
     "local tier: a copy every 64 steps from step 88 (a copy's work 0.40 s, 0.100 s per step); "
     "a lost host costs up to 68 steps"  # A kill just before a copy is whole, 4 steps after its own.
@@ -70,32 +70,33 @@ def test_the_local_tier_copies_less_often_where_a_copy_takes_more_than_a_tenth_o
 
 def test_copies_that_slow_the_steps_without_a_wait_are_judged_by_the_steps_without_them(capsys):
   """A copy in pinned host memory holds up the next step for its transfers, which no wait of the loop's
-  shows (a TPU v5e host: steps of 0.31 s ran at 1.62 s copied every step). The first window goes
-  without copies, so the first decision sees the steps' own pace, and windows a copy slowed do not
-  pull the pace N is judged by: 64 steps a copy (0.4 s is a tenth of 40 steps of 0.1 s), not 8."""
+  shows (a TPU v5e host: steps of 0.31 s ran at 1.62 s copied every step). Until a copy's work is
+  measured the tier copies once a logging window, and the pace N is judged by is that of the windows
+  without a copy in flight: 64 steps a copy (0.4 s is a tenth of 40 steps of 0.1 s), not 8."""
   copies = CopyCadence(-1, log_every=4, timeout_s=1)
   copies.begin(0, 0)
   assert capsys.readouterr().out == (
-    "local tier: no copies in steps 1-3, a window that measures the steps without them (a lost host "
-    "there costs up to 6 steps), then copies every step until a line says otherwise; a lost host costs "
-    "up to 2 steps\n"  # Back to step 0 from step 5 at worst: 4 steps, and copy 4's steps in flight.
+    "local tier: a copy every 4 steps until a line says otherwise; a lost host costs up to 8 steps\n"
   )
-  copies._window_s = lambda step: 0.4 if step == 4 else 2.0
   busy, due = 0.0, []
   for step in range(1, 41):
     due += [step] if copies.due(step) else []
     if step % 4 == 0:
-      copied = any(s in due for s in range(step - 3, step))
+      copied = any(s in due for s in range(step - 4, step))  # In flight through the window.
       busy += 2.0 if copied else 0.0
-      copies.decide(step, copy_s=0.4, step_s=0.5 if copied else 0.1, waited_s=0.0, busy_s=busy, span_s=0.5)
-  assert due == [4, 5, 6, 7] and copies.every == 64, due  # The window at step 8 (0.5 s a step) moved nothing.
+      copies._window_s = lambda step, copied=copied: 2.0 if copied else 0.4
+      work = 0.4 if step > 4 else 0.0  # The first copy is in flight at the first decision.
+      copies.decide(step, copy_s=work, step_s=0.5 if copied else 0.1, waited_s=0.0, busy_s=busy, span_s=0.5)
+  assert due == [4, 8] and copies.every == 64, due  # Windows a copy slowed to 0.5 s a step moved nothing.
   lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
   assert lines == [
-    "local tier: a copy every 64 steps from step 8 (a copy's work 0.40 s, 0.100 s per step); "
+    "local tier: a copy every 64 steps from step 12 (a copy's work 0.40 s, 0.100 s per step); "
     "a lost host costs up to 69 steps"  # Copies whole 5 steps after their own (0.5 s in flight).
   ], lines
-  CopyCadence(-1, log_every=1, timeout_s=1).begin(0, 0)  # No window before the first logging step.
-  assert capsys.readouterr().out.startswith("local tier: copies every step until a line says otherwise")
+  CopyCadence(-1, log_every=1, timeout_s=1).begin(0, 0)  # Logging every step: a copy every step.
+  assert capsys.readouterr().out == (
+    "local tier: copies every step until a line says otherwise; a lost host costs up to 2 steps\n"
+  )
 
 
 def test_once_windows_with_and_without_a_copy_show_what_copies_cost_the_loop_the_cadence_goes_by_that(capsys):
@@ -120,7 +121,7 @@ def test_once_windows_with_and_without_a_copy_show_what_copies_cost_the_loop_the
       busy += beside
       step_s = 0.101 if beside else 0.1
       copies.decide(step, copy_s=0.4, step_s=step_s, waited_s=0.0, busy_s=busy, span_s=1.0)
-  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy") and "from step" in line]
   assert lines == [
     "local tier: a copy every 64 steps from step 8 (a copy's work 0.40 s, 0.100 s per step); "
     "a lost host costs up to 74 steps",  # Copies whole 10 steps after their own (1 s in flight).
@@ -146,18 +147,20 @@ def test_copies_that_leave_no_window_without_one_are_measured_in_a_window_left_w
       busy += 0.4 if copied else 0.0
       step_s = 0.11 if copied else 0.1
       copies.decide(step, copy_s=0.005, step_s=step_s, waited_s=0.0, busy_s=busy, span_s=0.05)
-  probes = [72, 73, 74, 75, 144, 145, 146, 147]  # After the first window, which goes without copies too.
-  assert [s for s in range(1, 152) if s not in due] == [1, 2, 3, *probes]
+  probes = [72, 73, 74, 75, 144, 145, 146, 147]  # The first window's copy at step 4 is quiet too.
+  assert [s for s in range(1, 152) if s not in due] == [1, 2, 3, 5, 6, 7, *probes]  # A copy a window first.
   assert due[-3:] == [152, 156, 160] and copies.every == 4
   out = capsys.readouterr().out.splitlines()
   probes = [line for line in out if line.startswith("local tier: no copies")]
-  assert probes[1:] == [
+  assert probes == [
     f"local tier: no copies in steps {s}-{s + 3}, a window that measures the steps without them; a lost "
     "host there costs up to 6 steps"
     for s in (72, 144)
   ], probes
-  lines = [line for line in out if line.startswith("local tier: a copy")]
+  lines = [line for line in out if line.startswith("local tier: a copy") and "from step" in line]
   assert lines == [
+    "local tier: a copy every step from step 8 (a copy's work 0.01 s, 0.100 s per step); a lost host "
+    "costs up to 2 steps",
     "local tier: a copy every 4 steps from step 152 (a copy's work 0.01 s, 0.100 s per step; steps 10.0% "
     "slower beside a copy in flight for 0.05 s); a lost host costs up to 5 steps"
   ], lines
@@ -173,13 +176,9 @@ def test_a_run_whose_copies_outlast_its_steps_copies_less_often_and_says_so(tmp_
     main + flags + [f"--workdir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True, timeout=300
   )
   assert result.returncode == 0, result.stdout + result.stderr
-  said = (
-    "local tier: no copies in step 1, a window that measures the steps without them (a lost host there "
-    "costs up to 4 steps), then copies every step until a line says otherwise; a lost host costs up to 2 "
-    "steps\n"
-  )
+  said = "local tier: a copy every 2 steps until a line says otherwise; a lost host costs up to 4 steps\n"
   assert said in result.stdout, result.stdout
-  said = [line for line in result.stdout.splitlines() if line.startswith("local tier: a copy every")]
+  said = [line for line in result.stdout.splitlines() if line.startswith("local tier: a copy every")][1:]
   line = r"local tier: a copy every (\d+) steps from step \d+ \(a copy's work [\d.]+ s, [\d.]+ s per step\); "
   found = [re.fullmatch(line + r"a lost host costs up to (\d+) steps", s).groups() for s in said]
   every = [int(n) for n, _ in found]

@@ -14,8 +14,7 @@ slow clock, and no step runs a collective for it.
 `CopyCadence` decides the same way how often the local tier copies: every step while a copy's work
 fits in a tenth of a step, else every N steps, so that copies cost the loop little and never set its
 pace; once windows with and without a copy in flight show what a copy costs the loop, by that. The
-steps' pace it judges by comes from windows without a copy in flight where there are any, the first
-window among them.
+steps' pace it judges by comes from windows without a copy in flight where there are any.
 """
 
 import collections
@@ -132,9 +131,10 @@ class CopyCadence(_Published):
   at most COST_SHARE and leave room for a copy's work (on a TPU v5e host, 64 steps where the work's
   rule took 512: WORKSPACE). Where copies leave no window without one (every step, say), one window in
   PROBE_AFTER + 1 is left without copies to measure against, said with what a lost host costs there.
-  The loop's first window is one of them: a copy taken in pinned host memory holds up the next step for
-  its transfers, which no wait of the loop's shows, so a first decision from steps copied every step
-  judged a copy's work against steps it had itself slowed fivefold (a TPU v5e host: WORKSPACE)."""
+  Until a copy's work is measured the tier copies once a logging window, at its logging steps: a copy
+  taken in pinned host memory holds up the next step for its transfers, which no wait of the loop's
+  shows, and a first decision from steps copied every step judged a copy's work against steps it had
+  itself slowed fivefold (a TPU v5e host: WORKSPACE)."""
 
   def __init__(self, local_every: int, log_every: int, timeout_s: float, checked_every: int = 0):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
@@ -143,8 +143,8 @@ class CopyCadence(_Published):
     self.checked_every = checked_every if local_every else 0
     self.fixed, self.adapts = max(local_every, 0), local_every < 0  # 0: no copies.
     self.every, self._from, self._waited_s, self._busy_s = self.fixed or 1, 0, 0.0, 0.0
-    # (quiet, own seconds per step) of the last eight windows: the pace N is judged by (_pace).
-    self._step_times: collections.deque[tuple[bool, float]] = collections.deque(maxlen=8)
+    # (warmed up, quiet, own seconds per step) of the last eight windows: the pace N is judged by.
+    self._step_times: collections.deque[tuple[bool, bool, float]] = collections.deque(maxlen=8)
     # (share of the window a copy was in flight, its seconds per step): slowdown's, windows mostly
     # without a copy and mostly beside one apart, so that rare quiet windows (probes) are not crowded out.
     self._quiet: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)
@@ -158,28 +158,18 @@ class CopyCadence(_Published):
     self._quiet.clear()
     self._busy.clear()
     self._unquiet, self._quiet_until, self._windows = 0, 0, 0
-    if self.adapts:  # The first window measures the steps without copies (its last step is copied).
-      self._quiet_until = self._next_logging_step(step)
-      self._restart(step, attempt, "1")
+    if self.adapts:  # A copy a logging window until one is measured: the steps between go without.
+      self.every = self.log_every
+      self._restart(step, attempt, str(self.every))
     if self.checked_every:
       console(
         f"local tier: a run with checks resumes only from a copy a check saw, taken every "
         f"{self.checked_every} steps; a lost host costs up to {_steps(self._lost(1))}"
       )
-    elif self.adapts:
-      first, quiet = self._quiet_until, ""
-      if first - 1 > step:  # Back to the start, then the first copy's steps in flight (lost_steps).
-        lost = _steps(self._lost(1) + first - step)
-        steps = f"step {first - 1}" if first - 1 == step + 1 else f"steps {step + 1}-{first - 1}"
-        quiet = f"no copies in {steps}, a window that measures the steps without them "
-        quiet += f"(a lost host there costs up to {lost}), then "
-      console(
-        f"local tier: {quiet}copies every step until a line says otherwise; a lost host costs up to "
-        f"{_steps(self._lost(1))}"
-      )
-    elif self.fixed:
-      how = f"copies every {self.every} steps" if self.fixed > 1 else "copies every step"
-      console(f"local tier: {how}; a lost host costs up to {_steps(self._lost(self.every))}")
+    elif self.fixed or self.adapts:
+      how = f"a copy every {self.every} steps" if self.every > 1 else "copies every step"
+      until = " until a line says otherwise" if self.adapts else ""
+      console(f"local tier: {how}{until}; a lost host costs up to {_steps(self._lost(self.every))}")
 
   def due(self, step: int) -> bool:
     """Whether `step` is copied: the same answer on every process."""
@@ -208,11 +198,15 @@ class CopyCadence(_Published):
     return step % self.every == 0 and step >= self._quiet_until
 
   def _pace(self) -> float:
-    """The steps' own seconds per step: the median of the last eight windows without a copy in flight,
-    where there are any (a copy in pinned host memory holds up a step in a way no wait shows), else of
-    the last eight windows, the loop's waits for copies taken out."""
-    quiet = [own for quiet, own in self._step_times if quiet]
-    return statistics.median(quiet or [own for _, own in self._step_times])
+    """The steps' own seconds per step, the median of the last eight windows': those without a copy in
+    flight where there are any (a copy in pinned host memory holds up a step in a way no wait shows),
+    after the loop's warm-up where there are any (the first window on a TPU ran at twice the pace of
+    later ones), else all, the loop's waits for copies taken out."""
+    windows = self._step_times
+    for pick in ((lambda warm, quiet: warm and quiet), (lambda warm, quiet: quiet), (lambda *_: True)):
+      if chosen := [own for warm, quiet, own in windows if pick(warm, quiet)]:
+        return statistics.median(chosen)
+    return 0.0
 
   def checked(self, step: int) -> bool:
     """Whether `step` is copied as a step the checks see (a run with checks resumes only from one)."""
@@ -247,11 +241,12 @@ class CopyCadence(_Published):
       self._quiet.append(load)
     elif self._windows > WARM_UP and load[0] >= BUSY:
       self._busy.append(load)
-    self._step_times.append((load[0] <= QUIET, own))
+    self._step_times.append((self._windows > WARM_UP, load[0] <= QUIET, own))
     self._waited_s, self._busy_s, step_s = waited_s, busy_s, self._pace()
     if self.adapts:
       slower = slowdown([*self._quiet, *self._busy])
-      every = steps_per_copy(self.every, copy_s, step_s, slower, span_s)
+      # No copy's work measured yet (the first one in flight): N as it is.
+      every = steps_per_copy(self.every, copy_s, step_s, slower, span_s) if copy_s else self.every
       probe = self._unquiet >= PROBE_AFTER
       self._unquiet = 0 if probe else self._unquiet
       whole = math.ceil(max(span_s, copy_s) / max(step_s, 1e-9) - 1e-6)  # A copy's steps in flight, at least.
