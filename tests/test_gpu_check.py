@@ -47,6 +47,9 @@ def test_gpu_check_runs_every_check_on_cpu_at_toy_sizes():
   ]
   assert checks == expected, table
   assert all(line.rstrip().endswith("| ok |") for line in table[1:]), table
+  # The child without deterministic kernels ran (before the parent took the devices: a TPU has one owner).
+  [recompute] = [line for line in table if line.startswith("| recompute |")]
+  assert "; with XLA's defaults: " in recompute, recompute
 
 
 def test_gpu_check_only_runs_the_checks_it_names_and_refuses_others():

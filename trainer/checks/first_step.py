@@ -31,6 +31,7 @@ import numpy as np
 from errors import UserError
 from trainer import components
 from trainer import mesh as mesh_lib
+from trainer.checkpoint import device_memory
 from trainer.checks.compare import TOLERANCES, group
 from trainer.cluster import failures, multihost
 from trainer.mesh import replicated
@@ -82,8 +83,7 @@ def _fits(compiled, mine, device) -> bool:
   stats = device.memory_stats() or {}
   if memory is None or held is None or "bytes_limit" not in stats:
     return True
-  needed = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-  needed += held.output_size_in_bytes - held.alias_size_in_bytes - memory.alias_size_in_bytes
+  needed = device_memory.program_bytes(memory) + held.output_size_in_bytes - held.alias_size_in_bytes
   return needed <= stats["bytes_limit"] - stats.get("bytes_in_use", 0)
 
 

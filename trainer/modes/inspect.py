@@ -197,9 +197,10 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
         "output": memory.output_size_in_bytes,
         "temp": memory.temp_size_in_bytes,
         "alias": memory.alias_size_in_bytes,
+        "peak": getattr(memory, "peak_memory_in_bytes", 0),  # XLA's own; the total's on a TPU.
         "local_copy": local_copy,
-        # Arguments + outputs - donated (aliased) + temporaries (+ the state again with recompute checks,
-        # + a local-tier copy taken on the devices).
+        # device_memory.program_bytes (+ the state again with recompute checks, + a local-tier copy
+        # taken on the devices).
         "total": per_device,
       },
       # XLA's cost analysis is of the partitioned program one device runs (8 devices: 1/8 of a matmul),
@@ -261,7 +262,8 @@ def inspect(config, workdir: str, target_device: str | None = None) -> dict:
   m = c["memory_per_device"]
   console(
     f"compiled step per device: arguments {m['argument']:,} B, outputs {m['output']:,} B, "
-    f"temporaries {m['temp']:,} B (donated {m['alias']:,} B): {m['total']:,} B in all"
+    f"temporaries {m['temp']:,} B (donated {m['alias']:,} B), XLA's peak {m['peak']:,} B: {m['total']:,} B "
+    "in all"
     + (" (with one more state: a step the recompute check repeats)" if config.checks.recompute_every else "")
     + (f" (with a local-tier copy on the devices, {m['local_copy']:,} B)" if m["local_copy"] else "")
   )
