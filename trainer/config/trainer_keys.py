@@ -241,7 +241,7 @@ KEYS = {
     "Where a local-tier copy is taken. device: a copy on the devices, brought to host memory beside the "
     "next steps (one more state in device memory meanwhile); host: straight into pinned host memory (no "
     "device memory; the next step waits for the transfers); auto: device unless the compiled step and "
-    "one more state exceed a device's memory (said at the start and in --mode=inspect).",
+    "one more state exceed 90% of a device's memory (said at the start and in --mode=inspect).",
     program=False,
   ),
   "checkpoint.local_dir": Key(
