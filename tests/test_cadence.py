@@ -15,6 +15,11 @@ from trainer.train import train
 TIMED = {"steps": 8, "log_every": 2, "checkpoint.every": 100, "checkpoint.keep": 10}
 
 
+def _decisions(out: str) -> list[str]:
+  """The local tier's lines that change how often it copies."""
+  return [line for line in out.splitlines() if line.startswith("local tier: a copy") and "from step" in line]
+
+
 def _saved(workdir) -> list[int]:
   return sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")))
 
@@ -55,7 +60,7 @@ def test_the_local_tier_copies_less_often_where_a_copy_takes_more_than_a_tenth_o
     copies.due(step)
     copies.decide(step, copy_s=0.4, step_s=window_s / 4, waited_s=waited)
   assert copies.due(104) is False and copies.every == 64
-  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy") and "from step" in line]
+  lines = _decisions(capsys.readouterr().out)
   assert lines[2:] == [
     "local tier: a copy every 64 steps from step 88 (a copy's work 0.40 s, 0.100 s per step); "
     "a lost host costs up to 68 steps"  # A kill just before a copy is whole, 4 steps after its own.
@@ -88,7 +93,7 @@ def test_copies_that_slow_the_steps_without_a_wait_are_judged_by_the_steps_witho
       work = 0.4 if step > 4 else 0.0  # The first copy is in flight at the first decision.
       copies.decide(step, copy_s=work, step_s=0.5 if copied else 0.1, waited_s=0.0, busy_s=busy, span_s=0.5)
   assert due == [4, 8] and copies.every == 64, due  # Windows a copy slowed to 0.5 s a step moved nothing.
-  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy")]
+  lines = _decisions(capsys.readouterr().out)
   assert lines == [
     "local tier: a copy every 64 steps from step 12 (a copy's work 0.40 s, 0.100 s per step); "
     "a lost host costs up to 69 steps"  # Copies whole 5 steps after their own (0.5 s in flight).
@@ -121,7 +126,7 @@ def test_once_windows_with_and_without_a_copy_show_what_copies_cost_the_loop_the
       busy += beside
       step_s = 0.101 if beside else 0.1
       copies.decide(step, copy_s=0.4, step_s=step_s, waited_s=0.0, busy_s=busy, span_s=1.0)
-  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local tier: a copy") and "from step" in line]
+  lines = _decisions(capsys.readouterr().out)
   assert lines == [
     "local tier: a copy every 64 steps from step 8 (a copy's work 0.40 s, 0.100 s per step); "
     "a lost host costs up to 74 steps",  # Copies whole 10 steps after their own (1 s in flight).
@@ -157,12 +162,12 @@ def test_copies_that_leave_no_window_without_one_are_measured_in_a_window_left_w
     "host there costs up to 6 steps"
     for s in (72, 144)
   ], probes
-  lines = [line for line in out if line.startswith("local tier: a copy") and "from step" in line]
+  lines = _decisions("\n".join(out))
   assert lines == [
     "local tier: a copy every step from step 8 (a copy's work 0.01 s, 0.100 s per step); a lost host "
     "costs up to 2 steps",
     "local tier: a copy every 4 steps from step 152 (a copy's work 0.01 s, 0.100 s per step; steps 10.0% "
-    "slower beside a copy in flight for 0.05 s); a lost host costs up to 5 steps"
+    "slower beside a copy in flight for 0.05 s); a lost host costs up to 5 steps",
   ], lines
 
 
@@ -178,7 +183,7 @@ def test_a_run_whose_copies_outlast_its_steps_copies_less_often_and_says_so(tmp_
   assert result.returncode == 0, result.stdout + result.stderr
   said = "local tier: a copy every 2 steps until a line says otherwise; a lost host costs up to 4 steps\n"
   assert said in result.stdout, result.stdout
-  said = [line for line in result.stdout.splitlines() if line.startswith("local tier: a copy every")][1:]
+  said = _decisions(result.stdout)
   line = r"local tier: a copy every (\d+) steps from step \d+ \(a copy's work [\d.]+ s, [\d.]+ s per step\); "
   found = [re.fullmatch(line + r"a lost host costs up to (\d+) steps", s).groups() for s in said]
   every = [int(n) for n, _ in found]
