@@ -290,7 +290,7 @@ def test_a_restore_that_fails_but_is_not_damage_stops_and_touches_nothing(
 def test_cpu_devices_are_bounded_by_the_hosts_memory():
   """CPU devices report no memory of their own: the host's MemAvailable (or a cgroup's limit) bounds
   them, so a state larger than the machine is refused before it is read."""
-  from trainer.checkpoint import device_memory
+  from trainer import device_memory
 
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   available = device_memory.host_available_bytes()

@@ -209,7 +209,7 @@ def test_a_steps_memory_is_xlas_peak_on_a_tpu_and_the_sum_of_its_buffers_elsewhe
   its temporaries) where XLA's peak said 14.60 GB and arguments + outputs - donated + temporaries 21.05
   GB: more than the chip, which sent local-tier copies to pinned host memory for nothing. On CPU, XLA's
   peak counts the arguments alone: the sum stays."""
-  from trainer.checkpoint import device_memory
+  from trainer import device_memory
   from trainer.modes.inspect import compile_train_step
 
   m = compile_train_step(tiny_config())[2].memory_analysis()

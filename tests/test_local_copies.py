@@ -16,7 +16,8 @@ from trainer.train import train
 def test_a_local_dir_in_host_memory_needs_the_memory_too(tmp_path, monkeypatch):
   """A tmpfs as large as the host's memory has room for copies the memory cannot hold beside the
   process and the copy in flight: the room is then the memory available (a TPU host ran out of it)."""
-  from trainer.checkpoint import device_memory, local_room
+  from trainer import device_memory
+  from trainer.checkpoint import local_room
 
   assert local_room._in_memory("/proc/self") is False
   monkeypatch.setattr(local_room, "_in_memory", lambda folder: True)

@@ -36,8 +36,9 @@ import time
 import jax
 
 from errors import UserError
-from trainer.checkpoint import device_memory, local_room
+from trainer import device_memory
 from trainer.checkpoint import local_copies as copies
+from trainer.checkpoint import local_room
 from trainer.checkpoint.local_shards import device_copy, host_copy, pinned_copy, state_bytes
 from trainer.cluster import multihost, peers
 from trainer.observe.metrics import console

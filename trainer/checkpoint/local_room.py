@@ -8,7 +8,7 @@ import tempfile
 
 import jax
 
-from trainer.checkpoint import device_memory
+from trainer import device_memory
 from trainer.checkpoint.local_copies import KEEP
 from trainer.checkpoint.local_shards import state_bytes
 

@@ -20,9 +20,9 @@ from absl import logging
 
 from data.sources import order_change
 from errors import UserError, require_keys
-from trainer import rundir
-from trainer.checkpoint import device_memory, tree
+from trainer import device_memory, rundir
 from trainer.checkpoint import proof as proof_lib
+from trainer.checkpoint import tree
 from trainer.cluster import failures, multihost
 from trainer.state import TrainState
 

@@ -29,9 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from errors import UserError
-from trainer import components
+from trainer import components, device_memory
 from trainer import mesh as mesh_lib
-from trainer.checkpoint import device_memory
 from trainer.checks.compare import TOLERANCES, group
 from trainer.cluster import failures, multihost
 from trainer.mesh import replicated

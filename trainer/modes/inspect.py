@@ -13,10 +13,10 @@ import jax
 import numpy as np
 
 from errors import UserError
-from trainer import components, rundir
+from trainer import components, device_memory, rundir
 from trainer import sharding as sharding_lib
 from trainer import state as state_lib
-from trainer.checkpoint import device_memory, local_room
+from trainer.checkpoint import local_room
 from trainer.observe import flops, hardware
 from trainer.observe.collectives import collectives, trip_multipliers
 from trainer.observe.metrics import console, device_label
