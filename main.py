@@ -9,7 +9,8 @@ import os
 import re
 import sys
 
-from trainer.cluster import exit_codes, interrupts
+import exit_codes
+from trainer.cluster import interrupts
 
 interrupts.install()  # Before anything slow is imported: a signal from here on is one line, not a traceback.
 for _stream in (sys.stdout, sys.stderr):

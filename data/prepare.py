@@ -56,6 +56,7 @@ import tempfile
 
 import numpy as np
 
+import exit_codes
 from data import prepare_examples
 from data.prepare_inputs import read_documents, resolve_inputs
 from data.prepare_shards import SPLITS, split_sizes, stream_records, valid_in_last, write_shards
@@ -72,7 +73,6 @@ from data.tokenizers import (
   train_bpe,
 )
 from errors import UserError
-from trainer.cluster import exit_codes
 
 # Re-exported (SPLITS from data/prepare_shards.py): the readers of an output and the tests use these names.
 __all__ = ["BYTE_VOCAB_SIZE", "EOS_ID", "PAD_ID", "SPLITS", "decode", "decode_documents", "prepare"]

@@ -14,7 +14,7 @@ import re
 import shutil
 import sys
 
-from trainer.cluster import exit_codes
+import exit_codes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The config each shipped experiment is forked with: its smoke config on 8 logical CPU devices.

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import exit_codes
 from model import kv_cache
-from trainer.cluster import exit_codes
 
 
 def sampler(workdir: str, step: int | None = None, ema: bool = False):

@@ -1,11 +1,11 @@
 """When a failed job is restarted: what each exit code of main.py means to a launcher or a scheduler,
 and what the run directory says about where a restart resumes. launch/restarts.py (launch/local.py's
-restarts) uses it. The codes, and which of them restart, are trainer/cluster/exit_codes.py's table,
+restarts) uses it. The codes, and which of them restart, are exit_codes.py's table,
 which launch/slurm/train.sbatch and the rendered Kubernetes JobSet follow too.
 """
 
+from exit_codes import NEVER_RESTART, describe
 from trainer import rundir
-from trainer.cluster.exit_codes import NEVER_RESTART, describe
 
 __all__ = ["NEVER_RESTART", "cause", "past_startup"]
 

@@ -4,7 +4,7 @@ job, and when the job failed, relaunches the whole of it, on fewer processes if 
 `--max_restarts=N` relaunches the whole job (after `--restart_backoff_s`, on a new port unless `--port`
 fixes it) when it failed, up to N times; main.py resumes from the newest checkpoint. One line per
 restart names the cause, the process and the checkpoint. Exit codes decide
-(trainer/cluster/exit_codes.py, through launch/restart_policy.py): a code its table marks as not
+(exit_codes.py, through launch/restart_policy.py): a code its table marks as not
 restarted (a user error, a device that computed wrong, out of memory, a miscompiled step) never
 restarts, nor does a job the launcher was told to stop. With `--min_processes=K` (`--elastic`: K = 1) a
 slot that fails at start-up twice in a row (before the job's first step) is dropped: the job continues

@@ -1,4 +1,4 @@
-"""One table of exit codes (trainer/cluster/exit_codes.py): the classification gives each class of error
+"""One table of exit codes (exit_codes.py): the classification gives each class of error
 its code, and WORKSPACE.md, the SLURM script and the Kubernetes JobSet say what the table says."""
 
 import errno
@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
+import exit_codes
 from launch.k8s import render as k8s
 from tests.conftest import REPO
 from tests.test_k8s_pathways import PATHWAYS
 from tests.test_k8s_render import BASE
 from trainer import cadence
-from trainer.cluster import exit_codes, failures
+from trainer.cluster import failures
 
 USER, TRANSIENT, RESOURCES = exit_codes.USER_EXIT, exit_codes.TRANSIENT_EXIT, exit_codes.RESOURCES_EXIT
 

@@ -10,12 +10,12 @@ import jax
 import numpy as np
 import pytest
 
+import exit_codes
 from errors import UserError
 from experiments import lm
 from tests import main_with_hooks
 from tests.conftest import REPO, TINY_FLAGS, read_jsonl, tiny_config
 from trainer import components, hooks
-from trainer.cluster import exit_codes
 from trainer.modes.export import load
 from trainer.train import train
 

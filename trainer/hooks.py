@@ -29,9 +29,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+import exit_codes
 from errors import UserError
 from trainer.cadence import ByClock, itstime
-from trainer.cluster import exit_codes, multihost
+from trainer.cluster import multihost
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,8 +3,8 @@
 import os
 import sys
 
+import exit_codes
 from errors import UserError
-from trainer.cluster import exit_codes
 
 MODES = ("train", "eval", "inspect", "verify")
 

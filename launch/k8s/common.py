@@ -2,21 +2,21 @@
 
 launch/k8s/render.py builds the GPU JobSet and launch/k8s/pathways_jobset.py the Pathways one from these:
 the container env entries, the workdir and /dev/shm volumes, the podFailurePolicy that makes the exits
-a restart would repeat (trainer/cluster/exit_codes.py) fail the JobSet instead of restarting it, and the
+a restart would repeat (exit_codes.py) fail the JobSet instead of restarting it, and the
 checks that turn bad input into a RenderError that says what to change.
 """
 
 import os
 import re
 
-from trainer.cluster import exit_codes
+import exit_codes
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 WORKER_JOB = "worker"
 CONTAINER = "trainer"
 # main.py's exit after a user's mistake: bad flags or config, which the next attempt would repeat.
 USER_ERROR_EXIT = exit_codes.USER_EXIT
-# Exits a restart would repeat (trainer/cluster/exit_codes.py's table: a user error, a device that
+# Exits a restart would repeat (exit_codes.py's table: a user error, a device that
 # computed wrong, out of memory, a miscompiled step). They fail the JobSet instead of restarting it.
 NO_RESTART_EXITS = list(exit_codes.NEVER_RESTART)
 # A run stopped by SIGTERM (preemption) saves and, by default, exits 0: every pod exiting 0 would mark the

@@ -18,7 +18,7 @@ PersistentVolumeClaim mounted in every pod, and holds the compilation cache ever
 pod's home dies with the pod). Any failed pod fails the Job (backoffLimit 0; a lone restarted process
 cannot rejoin a running jax.distributed job) and the JobSet then recreates every pod, up to
 `max_restarts` times; the new processes resume from the last checkpoint in the workdir. A process
-whose exit a restart would repeat (trainer/cluster/exit_codes.py: a user error, a device that computed
+whose exit a restart would repeat (exit_codes.py: a user error, a device that computed
 wrong, out of memory, a miscompiled step) fails the JobSet at once instead. A preempted run saves and
 exits PREEMPTED_EXIT_CODE (set in the pod's env), so it is restarted rather than marked complete.
 

@@ -19,14 +19,14 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import exit_codes
 from errors import UserError
 from trainer import state as state_lib
-from trainer.cluster import exit_codes
 
 
 class ReplicaMismatch(UserError):
   """Copies that must be equal differ: a device computed wrong. Not the user's mistake, and not
-  restarted (trainer/cluster/exit_codes.py): the same host would compute wrong again."""
+  restarted (exit_codes.py): the same host would compute wrong again."""
 
   exit_code = exit_codes.COMPUTED_WRONG_EXIT
 

@@ -1,4 +1,4 @@
-"""One classification of failures, and the exit code each gets (trainer/cluster/exit_codes.py's table,
+"""One classification of failures, and the exit code each gets (exit_codes.py's table,
 whose names this module re-exports): main.py and trainer/checkpoint/proof.py follow it.
 
 By class, not by the errors seen so far: an error is the user's (exit 2, never restarted) only when it
@@ -16,8 +16,7 @@ import os
 import shutil
 
 from errors import UserError
-from trainer import rundir
-from trainer.cluster.exit_codes import (  # noqa: F401 - re-exported: the codes' names, where they are used.
+from exit_codes import (  # noqa: F401 - re-exported: the codes' names, where they are used.
   COMPUTED_WRONG_EXIT,
   MISCOMPILED_EXIT,
   NONFINITE_FIRST_STEP_EXIT,
@@ -25,6 +24,7 @@ from trainer.cluster.exit_codes import (  # noqa: F401 - re-exported: the codes'
   TRANSIENT_EXIT,
   USER_EXIT,
 )
+from trainer import rundir
 
 
 def _errnos(*names: str) -> frozenset[int]:

@@ -7,8 +7,8 @@ import json
 import jax
 from jax._src import distributed
 
+import exit_codes
 from errors import UserError
-from trainer.cluster import exit_codes
 
 
 def client():
@@ -23,7 +23,7 @@ _sequence = itertools.count()
 
 class PeerTimeout(UserError):
   """A peer did not arrive: hung or dead, not the user's mistake. Transient, which launchers restart
-  (trainer/cluster/exit_codes.py), as they do the watchdog's."""
+  (exit_codes.py), as they do the watchdog's."""
 
   exit_code = exit_codes.TRANSIENT_EXIT
 

@@ -22,8 +22,9 @@ import time
 
 import jax
 
+import exit_codes
 from trainer import rundir
-from trainer.cluster import exit_codes, links, liveness
+from trainer.cluster import links, liveness
 
 EXIT_CODE = exit_codes.TRANSIENT_EXIT  # Restarted: the next attempt may not get stuck.
 _REPORT_EVERY_S = 1.0

@@ -19,10 +19,10 @@ import sys
 import jax
 import numpy as np
 
+import exit_codes
 from errors import UserError
 from trainer import state as state_lib
 from trainer.checkpoint.read import Loaded, load
-from trainer.cluster import exit_codes
 
 
 def named_tensors(params) -> dict[str, np.ndarray]:

@@ -12,10 +12,10 @@ A code that restarts is one a restart on the same machine with the same limits c
 fault was the environment's, or it stopped on a signal); one that does not would fail the same way:
 the user's mistake, a host that computes wrong, a limit of the machine, a step XLA got wrong.
 
-  python -m trainer.cluster.exit_codes 5          # the row of code 5, as `5 (out of memory: ...)`
-  printf '3\\n5\\n' | python -m trainer.cluster.exit_codes --stop
+  python -m exit_codes 5          # the row of code 5, as `5 (out of memory: ...)`
+  printf '3\\n5\\n' | python -m exit_codes --stop
                                                   # the first code read that no launcher restarts
-  python -m trainer.cluster.exit_codes --markdown # WORKSPACE.md's table
+  python -m exit_codes --markdown # WORKSPACE.md's table
 """
 
 import dataclasses
@@ -131,7 +131,7 @@ def _main(argv: list[str]) -> int:
   elif len(argv) == 1 and argv[0].lstrip("-").isdigit():
     print(describe(int(argv[0])))
   else:
-    print("usage: python -m trainer.cluster.exit_codes CODE | --stop | --markdown", file=sys.stderr)
+    print("usage: python -m exit_codes CODE | --stop | --markdown", file=sys.stderr)
     return USER_EXIT
   return 0
 
