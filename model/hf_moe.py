@@ -1,7 +1,8 @@
 """Hugging Face's mixtures of experts <-> model/moe.py inside model/transformer.py's Decoder: Mixtral
 (`MixtralForCausalLM`) and Qwen3-MoE (`Qwen3MoeForCausalLM`), their config.json keys and their routed
 MLPs' tensor names. Everything else (attention, norms, embeddings, dense blocks, reading slice by
-slice, writing) is model/hf_llama.py's, which asks this file about routed blocks.
+slice, writing) is model/hf_llama.py's, which asks this file about routed blocks; what both read alike
+is model/hf_common.py's.
 
 Ours stacks the experts: gate, up [E, D, F], down [E, F, D], the router [D, E] in float32. Files hold
 one tensor per expert (Mixtral `model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight` [F, D] for
@@ -20,8 +21,8 @@ jitter noise, sliding windows, and routed layers that are not "the first k dense
 """
 
 from errors import UserError
-from model import hf_llama
-from model.hf_llama import Layout
+from model import hf_common
+from model.hf_common import Layout
 
 MODEL_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe")  # qwen2_moe: only to say why it is refused.
 _FUSED = ".mlp.experts.gate_up_proj"  # transformers 5's in-memory name: a file of the fused layout.
@@ -54,18 +55,18 @@ def routed_mlp(m, present=frozenset()) -> dict:
 def config_keys(hf: dict, file: str) -> dict[str, tuple[object, str]]:
   """Our keys from a Mixtral's or Qwen3-MoE's config.json (hf_llama.config_keys' contract)."""
   kind = hf["model_type"]
-  unsupported = lambda what: hf_llama.unsupported(file, what)
+  unsupported = lambda what: hf_common.unsupported(file, what)
   if kind == "qwen2_moe":
     raise unsupported(
       "model_type 'qwen2_moe': a shared expert scaled by a sigmoid gate of its own "
       "(mlp.shared_expert_gate.weight) and q/k/v biases (qkv_bias)"
     )
-  keys = hf_llama.common_keys(hf, file)
+  keys = hf_common.common_keys(hf, file)
   n = hf["num_hidden_layers"]
   if kind == "mixtral":
     if hf.get("router_jitter_noise"):
       raise unsupported(f"router_jitter_noise={hf['router_jitter_noise']} (noise on the experts' input)")
-    hf_llama.whole(hf, file, "num_local_experts", "num_experts_per_tok", "intermediate_size")
+    hf_common.whole(hf, file, "num_local_experts", "num_experts_per_tok", "intermediate_size")
     experts, width, routed = hf["num_local_experts"], hf["intermediate_size"], range(n)
     keys |= {
       "model.mlp_dim": (width, "intermediate_size"),
@@ -75,8 +76,8 @@ def config_keys(hf: dict, file: str) -> dict[str, tuple[object, str]]:
     }
   else:
     experts = hf.get("num_experts", hf.get("num_local_experts"))
-    hf_llama.whole(hf | {"num_experts": experts}, file, "num_experts", "num_experts_per_tok")
-    hf_llama.whole(hf, file, "intermediate_size", "moe_intermediate_size")
+    hf_common.whole(hf | {"num_experts": experts}, file, "num_experts", "num_experts_per_tok")
+    hf_common.whole(hf, file, "intermediate_size", "moe_intermediate_size")
     dense, step = set(hf.get("mlp_only_layers") or ()), hf.get("decoder_sparse_step", 1)
     routed = [i for i in range(n) if i not in dense and experts > 0 and (i + 1) % step == 0]
     keys |= {

@@ -1,6 +1,7 @@
-"""trainer/'s layout holds: imports go one way (no cycle between its modules, nor between its
-subpackages; config/ needs nothing else of the trainer and no JAX; only trainer/run.py reaches up to the
-modes and the run), checked on the source with `ast`, without importing anything."""
+"""The layout holds: imports go one way (no cycle between the trainer's modules, nor between its
+subpackages, nor between model/'s; config/ needs nothing else of the trainer and no JAX; only
+trainer/run.py reaches up to the modes and the run; model/ and data/ import nothing of the trainer),
+checked on the source with `ast`, without importing anything."""
 
 import ast
 import glob
@@ -98,8 +99,24 @@ def test_the_trainer_folders_import_each_other_one_way():
   _assert_acyclic(edges, "folder")
 
 
-def test_model_imports_nothing_of_the_trainer():
-  """model/ sits below the trainer: what reads a run (experiments/sample.py) lives above it."""
-  for path in glob.glob(os.path.join(REPO, "model", "*.py")):
+def test_model_and_data_import_nothing_of_the_trainer():
+  """model/ and data/ sit below the trainer: what reads a run (experiments/sample.py) lives above it,
+  and the exit codes they share with it sit beside errors.py."""
+  for path in glob.glob(os.path.join(REPO, "model", "*.py")) + glob.glob(os.path.join(REPO, "data", "*.py")):
     up = [i for i in _imports(path, set()) if i == "trainer" or i.startswith("trainer.")]
     assert not up, (path, up)
+
+
+def test_the_bottom_modules_import_nothing_of_the_project():
+  """errors.py and exit_codes.py are what every folder may import: they import none of them."""
+  for name in ("errors.py", "exit_codes.py"):
+    found = _imports(os.path.join(REPO, name), set())
+    assert not {i.split(".")[0] for i in found} & {"trainer", "model", "data", "experiments", "launch"}, found
+
+
+def test_the_model_modules_import_each_other_without_a_cycle():
+  """The Hugging Face layouts too: hf_llama.py and hf_moe.py build on hf_common.py, not on each other."""
+  paths = glob.glob(os.path.join(REPO, "model", "*.py"))
+  modules = {_module(p) for p in paths}
+  edges = {_module(p): {i for i in _imports(p, modules) if i in modules} - {_module(p)} for p in paths}
+  _assert_acyclic(edges, "import")
