@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, TINY_FLAGS, tiny_config
-from trainer.cadence import CopyCadence, itstime, slowdown, steps_per_copy
+from trainer.cadence import CopyCadence, CopyPolicy, itstime, slowdown, steps_per_copy
 from trainer.train import train
 
 TIMED = {"steps": 8, "log_every": 2, "checkpoint.every": 100, "checkpoint.keep": 10}
@@ -36,9 +36,13 @@ def test_the_local_tier_copies_less_often_where_a_copy_takes_more_than_a_tenth_o
   assert steps_per_copy(4, copy_s=0.06, step_s=0.17) == 4  # 3.5 steps needed: no change in the band.
   assert steps_per_copy(16, copy_s=0.06, step_s=0.17) == 4  # A third of N or less: fewer steps.
   assert steps_per_copy(8, copy_s=0.001, step_s=0.17) == 1
-  assert [s for s in range(1, 10) if CopyCadence(3, 4, 1).due(s)] == [3, 6, 9]  # local_every=3, always.
-  assert not any(CopyCadence(0, 4, 1).due(s) for s in range(1, 10))  # Off.
-  copies = CopyCadence(-1, log_every=4, timeout_s=1)
+  assert [s for s in range(1, 10) if CopyCadence(CopyPolicy.of(3), 4, 1).due(s)] == [
+    3,
+    6,
+    9,
+  ]  # local_every=3, always.
+  assert not any(CopyCadence(CopyPolicy.of(0), 4, 1).due(s) for s in range(1, 10))  # Off.
+  copies = CopyCadence(CopyPolicy.of(-1), log_every=4, timeout_s=1)
   copies.begin(0, 0)
   due, waited, window_s = [], 0.0, 0.0
   for step in range(1, 81):
@@ -78,7 +82,7 @@ def test_copies_that_slow_the_steps_without_a_wait_are_judged_by_the_steps_witho
   shows (a TPU v5e host: steps of 0.31 s ran at 1.62 s copied every step). Until a copy's work is
   measured the tier copies once a logging window, and the pace N is judged by is that of the windows
   without a copy in flight: 64 steps a copy (0.4 s is a tenth of 40 steps of 0.1 s), not 8."""
-  copies = CopyCadence(-1, log_every=4, timeout_s=1)
+  copies = CopyCadence(CopyPolicy.of(-1), log_every=4, timeout_s=1)
   copies.begin(0, 0)
   assert capsys.readouterr().out == (
     "local tier: a copy every 4 steps until a line says otherwise; a lost host costs up to 8 steps\n"
@@ -98,7 +102,9 @@ def test_copies_that_slow_the_steps_without_a_wait_are_judged_by_the_steps_witho
     "local tier: a copy every 64 steps from step 12 (a copy's work 0.40 s, 0.100 s per step); "
     "a lost host costs up to 69 steps"  # Copies whole 5 steps after their own (0.5 s in flight).
   ], lines
-  CopyCadence(-1, log_every=1, timeout_s=1).begin(0, 0)  # Logging every step: a copy every step.
+  CopyCadence(CopyPolicy.of(-1), log_every=1, timeout_s=1).begin(
+    0, 0
+  )  # Logging every step: a copy every step.
   assert capsys.readouterr().out == (
     "local tier: copies every step until a line says otherwise; a lost host costs up to 2 steps\n"
   )
@@ -115,7 +121,7 @@ def test_once_windows_with_and_without_a_copy_show_what_copies_cost_the_loop_the
   assert steps_per_copy(64, copy_s=0.4, step_s=0.1, slower=0.01, span_s=1.0) == 8  # Work's room: 5 steps.
   assert steps_per_copy(64, copy_s=0.4, step_s=0.1, slower=0.05, span_s=2.0) == 64  # 50 steps: in the band.
   assert steps_per_copy(64, copy_s=0.4, step_s=0.1, slower=0.2, span_s=2.0) == 256  # A host without slack.
-  copies = CopyCadence(-1, log_every=4, timeout_s=1)
+  copies = CopyCadence(CopyPolicy.of(-1), log_every=4, timeout_s=1)
   copies.begin(0, 0)
   copies._window_s = lambda step: 0.4  # Windows of 4 steps of 0.1 s.
   busy, due = 0.0, []
@@ -141,7 +147,7 @@ def test_copies_that_leave_no_window_without_one_are_measured_in_a_window_left_w
   model on CPU devices): no window is without a copy, so one in PROBE_AFTER + 1 is left without copies;
   two of them show the cost, and the tier copies every 4 steps (copies in flight 0.05 s cost 10% of
   that: under COST_SHARE of 4 steps)."""
-  copies = CopyCadence(-1, log_every=4, timeout_s=1)
+  copies = CopyCadence(CopyPolicy.of(-1), log_every=4, timeout_s=1)
   copies.begin(0, 0)
   copies._window_s = lambda step: 0.4
   busy, due = 0.0, []

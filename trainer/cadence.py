@@ -18,6 +18,8 @@ steps' pace it judges by comes from windows without a copy in flight where there
 """
 
 import collections
+import dataclasses
+import json
 import math
 import statistics
 import time
@@ -117,31 +119,65 @@ class ByClock(_Published):
     return bool(self.every_s) and step % self.log_every == 0 and self._read(step) == "1"
 
 
-class CopyCadence(_Published):
-  """When the local tier copies (trainer/checkpoint/local.py). checkpoint.local_every=N > 0: every N
-  steps, each copy waiting for the one before (copies slower than N steps set the loop's pace).
-  -1: every step while a copy's work fits in a tenth of a step (WORK_SHARE), else every N steps (a
-  power of two), so that copies cost the loop little and never set its pace: at each logging step
-  process 0 compares a copy's work (the median of its last eight) with the seconds per step (the median
-  of the last eight windows') and decides N for the window after the next logging step; a change is
-  said in one line with the worst case a lost host costs (lost_steps: N and a copy's steps in
-  flight). Once the last
-  windows include some with a copy in flight and some without, their seconds per step say how much
-  slower a step runs beside a copy (`slowdown`), and N is the fewest steps whose copies cost the loop
-  at most COST_SHARE and leave room for a copy's work (on a TPU v5e host, 64 steps where the work's
-  rule took 512: WORKSPACE). Where copies leave no window without one (every step, say), one window in
-  PROBE_AFTER + 1 is left without copies to measure against, said with what a lost host costs there.
-  Until a copy's work is measured the tier copies once a logging window, at its logging steps: a copy
-  taken in pinned host memory holds up the next step for its transfers, which no wait of the loop's
-  shows, and a first decision from steps copied every step judged a copy's work against steps it had
-  itself slowed fivefold (a TPU v5e host: WORKSPACE)."""
+@dataclasses.dataclass(frozen=True)
+class CopyPolicy:
+  """checkpoint.local_every, decoded here alone: the local tier off (0), a copy every N steps (N > 0),
+  or as often as measured copies allow (-1, CopyCadence's decisions)."""
 
-  def __init__(self, local_every: int, log_every: int, timeout_s: float, checked_every: int = 0):
+  every: int = 0  # N of a fixed cadence.
+  measured: bool = False
+
+  @classmethod
+  def of(cls, local_every: int) -> "CopyPolicy":
+    return cls(max(local_every, 0), local_every < 0)
+
+  @property
+  def copies(self) -> bool:
+    return self.measured or self.every > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  """What process 0 publishes for a logging step's window (as JSON): copy every `every` steps, or none in
+  this window (`probe`, which measures the steps without them), with the measurements behind it."""
+
+  every: int
+  probe: bool = False
+  copy_s: float | None = None  # A copy's work, the seconds per step, and a copy's steps until whole.
+  step_s: float | None = None
+  whole: int = 1
+  slower_pct: float | None = None  # Steps this much slower beside a copy in flight for span_s.
+  span_s: float | None = None
+
+  def why(self) -> str:
+    if self.copy_s is None:
+      return ""
+    why = f"a copy's work {self.copy_s:.2f} s, {self.step_s:.3f} s per step"
+    if self.slower_pct is not None:
+      why += f"; steps {self.slower_pct:.1f}% slower beside a copy in flight for {self.span_s:.2f} s"
+    return f" ({why})"
+
+
+class CopyCadence(_Published):
+  """When the local tier copies (trainer/checkpoint/local.py), by its CopyPolicy. Every N steps: each
+  copy waits for the one before (copies slower than N steps set the loop's pace). Measured: once a
+  logging window until a copy's work is known (a copy in pinned host memory holds up the next step in a
+  way no wait shows, so steps copied every step would misstate the steps' pace), then every step while
+  a copy's work fits in WORK_SHARE of a step, else every N steps (a power of two), so that copies cost
+  the loop little and never set its pace. At each logging step process 0 compares a copy's work (the
+  median of its last eight) with the steps' own pace (_pace) and decides N for the window after the
+  next logging step; a change is said in one line with the worst case a lost host costs (lost_steps).
+  Once windows with a copy in flight and windows without show how much slower a step runs beside a
+  copy (`slowdown`), N is the fewest steps whose copies cost the loop at most COST_SHARE and leave room
+  for a copy's work. Where copies leave no window without one (every step, say), one window in
+  PROBE_AFTER + 1 is left without copies to measure against, said with what a lost host costs there."""
+
+  def __init__(self, policy: CopyPolicy, log_every: int, timeout_s: float, checked_every: int = 0):
     super().__init__("local_cadence", "how often the local tier copies", log_every, timeout_s)
     # A run with checks resumes only from a copy a check saw: copies at its checked steps too (checked),
     # and a lost host costs what their interval allows, whatever N.
-    self.checked_every = checked_every if local_every else 0
-    self.fixed, self.adapts = max(local_every, 0), local_every < 0  # 0: no copies.
+    self.checked_every = checked_every if policy.copies else 0
+    self.fixed, self.adapts = policy.every, policy.measured
     self.every, self._from, self._waited_s, self._busy_s = self.fixed or 1, 0, 0.0, 0.0
     # (warmed up, quiet, own seconds per step) of the last eight windows: the pace N is judged by.
     self._step_times: collections.deque[tuple[bool, bool, float]] = collections.deque(maxlen=8)
@@ -160,7 +196,7 @@ class CopyCadence(_Published):
     self._unquiet, self._quiet_until, self._windows = 0, 0, 0
     if self.adapts:  # A copy a logging window until one is measured: the steps between go without.
       self.every = self.log_every
-      self._restart(step, attempt, str(self.every))
+      self._restart(step, attempt, json.dumps(dataclasses.asdict(Decision(self.every))))
     if self.checked_every:
       console(
         f"local tier: a run with checks resumes only from a copy a check saw, taken every "
@@ -176,24 +212,18 @@ class CopyCadence(_Published):
     if not (self.fixed or self.adapts):
       return False
     if self.adapts and step % self.log_every == 0 and (value := self._read(step)) is not None:
-      every, *measured = value.split()
-      probe = every.startswith("-")  # No copy in this window: it measures the steps without one.
-      self._quiet_until = step + self.log_every if probe else 0
-      whole = int(measured[2]) if measured else 1  # Steps until a copy is whole, from its own.
-      if abs(int(every)) != self.every:
-        self.every = abs(int(every))
+      decision = Decision(**json.loads(value))
+      self._quiet_until = step + self.log_every if decision.probe else 0
+      if decision.every != self.every:
+        self.every = decision.every
         how = f"every {self.every} steps" if self.every > 1 else "every step"
-        why = f"a copy's work {measured[0]} s, {measured[1]} s per step" if measured else ""
-        if len(measured) > 3:  # Measured: slowdown.
-          why += f"; steps {measured[3]}% slower beside a copy in flight for {measured[4]} s"
-        why = f" ({why})" if why else ""
-        lost = _steps(self._lost(whole))
-        console(f"local tier: a copy {how} from step {step}{why}; a lost host costs up to {lost}")
-      if probe and not self.checked_every:  # Checked steps are copied all the same.
+        lost = _steps(self._lost(decision.whole))
+        console(f"local tier: a copy {how} from step {step}{decision.why()}; a lost host costs up to {lost}")
+      if decision.probe and not self.checked_every:  # Checked steps are copied all the same.
         last = step + self.log_every - 1
         console(
           f"local tier: no copies in steps {step}-{last}, a window that measures the steps without them; a "
-          f"lost host there costs up to {_steps(lost_steps(self.every, whole) + self.log_every)}"
+          f"lost host there costs up to {_steps(lost_steps(self.every, decision.whole) + self.log_every)}"
         )
     return step % self.every == 0 and step >= self._quiet_until
 
@@ -250,9 +280,9 @@ class CopyCadence(_Published):
       probe = self._unquiet >= PROBE_AFTER
       self._unquiet = 0 if probe else self._unquiet
       whole = math.ceil(max(span_s, copy_s) / max(step_s, 1e-9) - 1e-6)  # A copy's steps in flight, at least.
-      value = f"{-every if probe else every} {copy_s:.2f} {step_s:.3f} {max(whole, 1)}"
-      value += f" {100 * slower:.1f} {span_s:.2f}" if slower is not None else ""
-      self._publish(self._next_logging_step(step), value)
+      measured = {"slower_pct": 100 * slower, "span_s": span_s} if slower is not None else {}
+      decision = Decision(every, probe, copy_s, step_s, max(whole, 1), **measured)
+      self._publish(self._next_logging_step(step), json.dumps(dataclasses.asdict(decision)))
 
 
 def lost_steps(every: int, whole: int) -> int:

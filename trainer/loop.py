@@ -14,7 +14,7 @@ import numpy as np
 from data import pipeline
 from errors import UserError
 from trainer import hooks as hooks_lib
-from trainer.cadence import ByClock, CopyCadence, itstime
+from trainer.cadence import ByClock, CopyCadence, CopyPolicy, itstime
 from trainer.checkpoint import restore, store
 from trainer.checks import integrity
 from trainer.evaluate import evaluate, evaluators
@@ -45,9 +45,9 @@ class Loop:
     c = self.config
     self.timed_saves = ByClock("checkpoint", c.checkpoint.every_s, c.log_every, c.watchdog.step_timeout_s)
     self.timed_saves.begin(self.start, self.rollbacks)
-    local_every = c.checkpoint.local_every if run.local is not None else 0
-    checked_every = integrity.interval(run.comp, c)  # No copies (local_every 0): none checked either.
-    self.copies = CopyCadence(local_every, c.log_every, c.watchdog.step_timeout_s, checked_every)
+    policy = CopyPolicy.of(c.checkpoint.local_every) if run.local is not None else CopyPolicy()
+    checked_every = integrity.interval(run.comp, c)  # No copies: none checked either.
+    self.copies = CopyCadence(policy, c.log_every, c.watchdog.step_timeout_s, checked_every)
     self.copies.begin(self.start, self.rollbacks)
     made = hooks_lib.load(run.comp.experiment, c)
     self.hooks = hooks_lib.Hooks(made, c, run.workdir, run.comp.mdef, run.log, c.watchdog.step_timeout_s)

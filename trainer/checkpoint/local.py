@@ -37,6 +37,7 @@ import jax
 
 from errors import UserError
 from trainer import device_memory
+from trainer.cadence import CopyPolicy
 from trainer.checkpoint import local_copies as copies
 from trainer.checkpoint import local_room
 from trainer.checkpoint.local_shards import device_copy, host_copy, pinned_copy, state_bytes
@@ -322,8 +323,8 @@ def partner(me: int, hosts: list[str]) -> int:
 
 def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
   """The run's tiers, or None where checkpoint.local_every is 0, or -1 and local_dir lacks room (said)."""
-  c = config.checkpoint
-  if c.local_every == 0:
+  c, policy = config.checkpoint, CopyPolicy.of(config.checkpoint.local_every)
+  if not policy.copies:
     return None
   local_dir = os.path.abspath(c.local_dir or local_room.default_dir(workdir))
   held = state_bytes(target)  # This process's distinct shards: what each copy holds.
@@ -332,7 +333,7 @@ def make(config, workdir: str, fingerprint: dict, target) -> "LocalTier | None":
   timeout_s = config.watchdog.startup_timeout_s
   if not multihost.all_agree("local_tier_room", short is None, timeout_s):
     why = short or "another process's local_dir has no room"
-    if c.local_every > 0:
+    if not policy.measured:  # Copies every N steps were asked for: no room is the user's to fix.
       raise UserError(f"{why}: {local_room.ROOM}")
     console(
       f"warning: the local checkpoint tier is off: {why}; a lost host costs up to checkpoint.every steps"

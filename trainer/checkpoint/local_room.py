@@ -9,6 +9,7 @@ import tempfile
 import jax
 
 from trainer import device_memory
+from trainer.cadence import CopyPolicy
 from trainer.checkpoint.local_copies import KEEP
 from trainer.checkpoint.local_shards import state_bytes
 
@@ -113,7 +114,7 @@ def place_line(place: str, step_bytes: int, state_bytes: int, limit: int | None)
 
 def inspect_line(config, target, place_said: str) -> str:
   """--mode=inspect's account of the tiers' memory (`target`: the abstract state, with shardings)."""
-  if config.checkpoint.local_every == 0:
+  if not CopyPolicy.of(config.checkpoint.local_every).copies:
     return "local and peer tiers: off (checkpoint.local_every=0)"
   per_device = max(device_memory.bytes_per_device(target, addressable_only=False).values(), default=0)
   return (

@@ -214,13 +214,9 @@ KEYS = {
     -1,
     whole(-1),
     keys.FREE,
-    "Copy each process's shards to checkpoint.local_dir and to a partner process every N steps "
-    "(trainer/checkpoint/local.py): a lost host then costs at most N steps, each copy waiting for the "
-    "one before. Each copy holds one more state on the devices for about a step. -1: after a first "
-    "logging window without copies (it measures the steps' own pace), every step where "
-    "local_dir has room for the copies (else off with a warning) and a copy's work fits in a tenth of a "
-    "step, else every 2, 4, 8 ... steps, then as often as the copies' measured cost to the loop allows "
-    "(at most 2%), said in a line (trainer/cadence.py's CopyCadence); 0: off.",
+    "Copy each process's shards to checkpoint.local_dir and to a partner process every N steps: a lost "
+    "host costs at most N steps and a copy's steps in flight. -1: as often as measured copies allow, "
+    "each change said in a line (trainer/cadence.py); off with a warning where local_dir lacks room. 0: off.",
     program=False,
   ),
   "checkpoint.local_pace_mib": Key(

@@ -16,6 +16,7 @@ from errors import UserError
 from trainer import components, device_memory, rundir
 from trainer import sharding as sharding_lib
 from trainer import state as state_lib
+from trainer.cadence import CopyPolicy
 from trainer.checkpoint import local_room
 from trainer.observe import flops, hardware
 from trainer.observe.collectives import collectives, trip_multipliers
@@ -165,7 +166,7 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
   limit = accelerator.memory_bytes if accelerator else min(device_memory.limits().values(), default=None)
   step_only = per_device
   place = local_room.copy_place(config.checkpoint.local_copy_in, step_only, state_max, limit)
-  local_copy = state_max if config.checkpoint.local_every and place == "device" else 0
+  local_copy = state_max if CopyPolicy.of(config.checkpoint.local_every).copies and place == "device" else 0
   per_device += local_copy
   loops = sum(1 for line in hlo.splitlines() if " while(" in line)
   model = flops.per_step(comp.experiment, config, state_lib.param_count(target.params))
