@@ -257,8 +257,7 @@ class CopyCadence(_Published):
     seconds the loop has waited for copies' work so far, is taken out of it: N is judged against the
     steps' own pace, not the one copies set, so it gets there in one decision. And N is judged against
     the median of the last eight windows: the window a copy lands in is slower by what the copy took
-    from the loop (on a TPU v5e host 0.049 against 0.028 s per step for the ~107M model), which alone
-    would call for copies more often, right after one. `busy_s`, the seconds copies have been in flight
+    from the loop, which alone would call for copies more often, right after one. `busy_s`, the seconds copies have been in flight
     so far, and `span_s`, a copy's time in flight (the median of the last eight), measure it instead
     once they can (`slowdown`)."""
     window_s = self._window_s(step)
@@ -300,9 +299,8 @@ def _steps(n: int) -> str:
 
 
 # The share of the time between copies that a copy's work may take. Much of that work runs beside the
-# loop (writes, checksums, transfers), but not all of it: on a TPU v5e host a third of each copy's work
-# of the ~107M model came out of the loop's time (copies every 32 steps of 30 ms cost 13%, before the
-# transfers were paced), so a tenth kept the cost near 3% there (benchmarks/local_tier.py --accelerator
+# loop (writes, checksums, transfers), but not all of it: a tenth keeps the cost under the tiers' 3%
+# where a third of the work comes out of the loop's time (benchmarks/local_tier.py --accelerator
 # --every=-1). It decides until the cost is measured (slowdown).
 WORK_SHARE = 0.1
 # Measured instead (slowdown): the share of the loop's time copies may take, with room to spare for the
@@ -311,8 +309,8 @@ WORK_SHARE = 0.1
 COST_SHARE, WORK_ROOM = 0.02, 1.25
 # A window is quiet where copies were in flight for at most QUIET of it, beside one for at least BUSY.
 QUIET, BUSY, PROBE_AFTER = 0.25, 0.5, 16
-# The windows after the loop begins that are not measured: the first copies' new files, the caches'
-# warm-up (on a TPU v5e host they made steps look 6% slower beside a copy, against 0.3-0.5% later).
+# The windows after the loop begins that are not measured: the first copies' new files and the caches'
+# warm-up make steps beside a copy look several times slower than they are later.
 WARM_UP = 4
 
 

@@ -11,12 +11,12 @@ run, and a header that does not describe its bytes is refused.
 The bytes are streamed to the file as they are made (or received from a partner) and checksummed on
 the way: no second copy of the shards in memory. The checksum is XXH3-128, not sha256:
 it proves a copy whole against damage (a torn write, a flipped bit), there is no adversary to resist,
-and it runs at 22 GiB/s against sha256's 1.7 (612 MiB: 27 against 355 ms, benchmarks/local_tier.py
---pieces --mib=612), CPU time that logical CPU devices would take from the step.
+and it runs about ten times as fast as sha256 (benchmarks/local_tier.py --pieces), CPU time that
+logical CPU devices would take from the step.
 
 The copy that falls out of the newest KEEP is kept as SPARE, and the next copy is written over its file:
 in a tmpfs such as /dev/shm a new file's pages are allocated and zeroed as they are written, an old
-file's are not (6.4 MiB: 3.5 ms new, 0.7 ms over an old one, benchmarks/local_tier.py --pieces), and
+file's are not (writing over one is several times faster: benchmarks/local_tier.py --pieces), and
 every copy pays it twice, on its process and its partner.
 """
 

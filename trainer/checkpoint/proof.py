@@ -11,10 +11,8 @@ killed before every process's share landed, is unproven: its read failures are j
 
 Cost: one read of the checkpoint's files per save, shared out among the processes, in a background
 thread of each, and one per restore, shared out the same way. The checksum is XXH3-128, as the local
-tier's (trainer/checkpoint/local_copies.py): it finds damage, not an adversary, at 21 GiB/s on one
-core of this machine where SHA-256, used before (version 1, still verified), runs at 1.7
-(benchmarks/local_tier.py --pieces --mib=612: 29 against 358 ms). lm_8b's 96 GB of parameters and
-AdamW moments on 8 hosts is 12 GB per host: about 0.6 s of a core a save, 7 s with SHA-256, so the
+tier's (trainer/checkpoint/local_copies.py): it finds damage, not an adversary, about ten times as
+fast as SHA-256, used before (version 1, still verified; benchmarks/local_tier.py --pieces), so the
 file system's read time is what remains.
 """
 
@@ -56,8 +54,8 @@ def share(sizes: dict[str, int], i: int, n: int) -> list[str]:
   """Process i's files of n processes', balanced by bytes: largest first (ties by name), each onto the
   process with the fewest bytes so far (ties: the lowest index). Every process computes the same split
   from the same sizes, and no process ends more than the largest file above another. Orbax's files
-  differ in size by orders of magnitude: every n-th file by name, as before, gave the most loaded of 8
-  processes 7.2x the bytes of the least on a 2-layer smoke checkpoint's 30 files; this split 1.22x."""
+  differ in size by orders of magnitude: every n-th file by name, as before, left some processes
+  several times the bytes of others."""
   loads = [(0, p) for p in range(n)]  # A heap of (bytes so far, process).
   mine = []
   for name in sorted(sizes, key=lambda name: (-sizes[name], name)):

@@ -31,13 +31,13 @@ CPU_COLLECTIVE_FLAGS = (
 )
 
 
-# XLA:GPU picks nondeterministic kernels by default (atomic scatter-adds and reductions): on one H200
-# (benchmarks/gpu_check.sh, jax 0.11.2) a 125M-parameter model's train step run twice from one state and
-# batch differed in 35 of its 39 state leaves, and under the first flag below in none. The recompute
+# XLA:GPU picks nondeterministic kernels by default (atomic scatter-adds and reductions): on a GPU
+# (benchmarks/gpu_check.sh) a 125M-parameter model's train step run twice from one state and batch
+# differed in most of its state leaves, and under the first flag below in none. The recompute
 # check (trainer/checks/recompute.py) needs equal bits, so main.py sets these flags when it is on.
 # Under that flag alone cuDNN attention's training step failed in CUDA graph capture ("capturing
-# stream has unjoined work"), so command buffers (CUDA graphs) go with it. Their cost, gpu_check's
-# recompute row: the 125M-parameter model ran at 0.742x XLA's default speed. Flags of yours in
+# stream has unjoined work"), so command buffers (CUDA graphs) go with it. gpu_check's recompute row
+# measures their cost against XLA's default speed. Flags of yours in
 # XLA_FLAGS come later and win; with --xla_gpu_deterministic_ops=false the recompute check is off on
 # GPUs, and says so.
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops"
