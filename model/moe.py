@@ -114,7 +114,8 @@ class MoE(nnx.Module):
   def _experts(self, x, experts, rows):
     """SwiGLU of each expert on its own rows: x [B, E, C, D] -> [B, E, C, D], computed as [E, B x C, D]
     (one batched matmul per expert: with the batch ahead of the experts XLA:CPU's matmuls took several
-    times as long, benchmarks/maxtext_peer.py --moe). `experts` and `rows` name the E and merged B x C axes."""
+    times as long, benchmarks/maxtext_peer.py --moe). `experts` and `rows` name the E and merged B x C
+    axes."""
     b, e, c, d = x.shape
     dt = x.dtype
     xe = jnp.swapaxes(x, 0, 1).reshape(e, b * c, d)

@@ -257,9 +257,9 @@ class CopyCadence(_Published):
     seconds the loop has waited for copies' work so far, is taken out of it: N is judged against the
     steps' own pace, not the one copies set, so it gets there in one decision. And N is judged against
     the median of the last eight windows: the window a copy lands in is slower by what the copy took
-    from the loop, which alone would call for copies more often, right after one. `busy_s`, the seconds copies have been in flight
-    so far, and `span_s`, a copy's time in flight (the median of the last eight), measure it instead
-    once they can (`slowdown`)."""
+    from the loop, which alone would call for copies more often, right after one. `busy_s`, the
+    seconds copies have been in flight so far, and `span_s`, a copy's time in flight (the median of the
+    last eight), measure it instead once they can (`slowdown`)."""
     window_s = self._window_s(step)
     steps, self._from = max(step - self._from, 1), step
     own = max(step_s - (waited_s - self._waited_s) / steps, 0.0)
