@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.installed-test
 TENSORBOARD_STAMP := $(VENV)/.installed-tensorboard
 LOGDIR ?= runs
 
-.PHONY: setup train test check test-slurm lint tensorboard clean FORCE
+.PHONY: setup train test check docs test-slurm lint tensorboard clean FORCE
 
 setup: $(STAMP)
 
@@ -50,6 +50,12 @@ lint: $(DEV_STAMP)
 TEST_WORKERS ?= 2
 test: lint $(TEST_STAMP)
 	$(PY) -m pytest -q $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
+# The docs: the reference pages written from the code (docs/generate.py), then MkDocs with --strict (a
+# broken link or page fails) into site/. tests/test_docs.py builds them the same way.
+docs: $(DEV_STAMP)
+	$(PY) docs/generate.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 check: lint
 	$(PY) -m pytest -q tests/test_configs.py tests/test_experiment_contract.py

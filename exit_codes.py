@@ -4,9 +4,9 @@ The one table. Everything that spells an exit code derives from it: main.py and 
 (trainer/cluster/failures.py, which re-exports these names), the exceptions that carry a code, the
 watchdog, the local launcher's restarts (launch/restart_policy.py), the SLURM script (which runs this
 module to pick and describe the code that stops its requeues), the Kubernetes JobSet's
-podFailurePolicy (launch/k8s/common.py) and WORKSPACE.md's exit-code table (tests/test_exit_codes.py
-checks it against `markdown()`). Later issues add their codes here, as a constant and a row, and
-nowhere else.
+podFailurePolicy (launch/k8s/common.py) and the runbook's exit-code table (docs/runbooks/a-host-died.md;
+tests/test_exit_codes.py checks it against `markdown()`). Later issues add their codes here, as a
+constant and a row, and nowhere else.
 
 A code that restarts is one a restart on the same machine with the same limits can get past (the
 fault was the environment's, or it stopped on a signal); one that does not would fail the same way:
@@ -15,7 +15,7 @@ the user's mistake, a host that computes wrong, a limit of the machine, a step X
   python -m exit_codes 5          # the row of code 5, as `5 (out of memory: ...)`
   printf '3\\n5\\n' | python -m exit_codes --stop
                                                   # the first code read that no launcher restarts
-  python -m exit_codes --markdown # WORKSPACE.md's table
+  python -m exit_codes --markdown # the table of the docs' reference and runbook
 """
 
 import dataclasses
@@ -113,7 +113,7 @@ def describe(code: int) -> str:
 
 
 def markdown() -> str:
-  """WORKSPACE.md's exit-code table."""
+  """The exit-code table of docs/reference/exit-codes.md and docs/runbooks/a-host-died.md."""
   lines = ["| exit | what | restarted | what to do |", "|---|---|---|---|"]
   for row in TABLE:
     lines.append(f"| {row.code} | {row.name} | {'yes' if row.restart else 'no'} | {row.hint} |")

@@ -15,7 +15,7 @@ speed   configs/long_smoke_cpu.py's model (2 layers, d_model 128, 2,048 tokens, 
         data 8 without a context axis (flash attention both), interleaved A B C A B C in one run.
         CPU collectives are synchronous: the ring's overlap is a GPU matter (model/context.py).
 
-Measured (jax 0.12.0.1, 2 shared cores, 2026-12-05; the tables in WORKSPACE "Long sequences"):
+Measured (jax 0.12.0.1, 2 shared cores, 2026-12-05; the tables in docs/guides/long-context.md):
   memory at 131,072 tokens: compiled step 1005.4 / 313.3 / 186.2 GB per device at context 1 / 4 / 8
   (temporaries 1002.4 / 301.3 / 162.1 GB), params + optimizer 1.51 / 6.03 / 12.05 GB;
   speed: ring 2620.1 ms/step, all_gather 2583.9, batch only 2637.4: ring / all_gather 0.99x,

@@ -313,7 +313,7 @@ def main() -> int:
   args = parser.parse_args()
   # cuDNN attention last: after it, lm_125m's training under the trainer's deterministic flags failed in
   # the same process (cuDNN graph capture: "capturing stream has unjoined work"); in a fresh process,
-  # as training runs, it did not (WORKSPACE, First GPU).
+  # as training runs, it did not (docs/guides/first-gpu.md).
   checks = (
     check_bf16_vs_fp32,
     check_transfer,

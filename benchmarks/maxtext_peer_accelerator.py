@@ -29,8 +29,8 @@ attention as half and reads lower.
 
 MaxText: `--maxtext_python` (default .venv-maxtext/bin/python when it exists, else this Python) must
 import `maxtext`; extra import paths (a source tree, stubs) come from MAXTEXT_PYTHONPATH. On the TPU
-v5e host of WORKSPACE "Run on a TPU" that is MaxText 0.2.5 patched for Python 3.11 and JAX 0.10.2.
-Without MaxText it measures ours alone. The table's figures are in WORKSPACE "Run on a TPU".
+v5e host of docs/guides/tpu.md that is MaxText 0.2.5 patched for Python 3.11 and JAX 0.10.2.
+Without MaxText it measures ours alone. The table's figures are in docs/guides/tpu.md.
 """
 
 import argparse

@@ -4,8 +4,7 @@ make train's model on 8 logical CPU devices, and the optimizer's bytes per devic
   .venv/bin/python benchmarks/moments_dtype.py [--steps=300] [--config=configs/smoke_cpu.py]
 
 Prints, per dtype, the train loss every 50 steps, the final eval loss, and inspect's optimizer bytes;
-then the largest train-loss difference over the logged steps. The figures are in WORKSPACE "Run on a
-TPU".
+then the largest train-loss difference over the logged steps. The figures are in docs/results.md.
 """
 
 import argparse

@@ -58,7 +58,7 @@ def get_config(arg=None):
   c.checks.replica_every = 500  # And before every save: a device that computes wrong stops the run.
   c.checks.recompute_every = 500  # Where nothing is replicated (FSDP): 1.1-1.2 steps per check.
   # On GPUs it needs deterministic kernels (main.py sets them): 0.742x lm_125m's speed on one H200;
-  # 0 keeps XLA's defaults (WORKSPACE.md "First GPU").
+  # 0 keeps XLA's defaults (docs/guides/first-gpu.md).
   c.checkpoint.keep_every = 5_000
   c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.step_timeout_s = 600.0

@@ -42,7 +42,7 @@ def get_config(arg=None):
   c.checkpoint.every = 500
   c.checks.recompute_every = 500  # Pure FSDP: no copies to compare; 1.1-1.2 steps per check.
   # On GPUs it needs deterministic kernels (main.py sets them): 0.742x lm_125m's speed on one H200;
-  # 0 keeps XLA's defaults (WORKSPACE.md "First GPU").
+  # 0 keeps XLA's defaults (docs/guides/first-gpu.md).
   c.watchdog.restore_timeout_s = 1_800.0
   c.watchdog.compile_timeout_s = 1_800.0
   c.watchdog.step_timeout_s = 900.0

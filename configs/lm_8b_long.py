@@ -13,7 +13,7 @@ init_from sets the model's shapes from HF_DIR's config.json and keeps this file'
 Llama 3.1 already has this scaling and keeps it as is. Packed documents (data.packing) attend within
 themselves; positions restart at each.
 Expect (inspect on 64 logical CPU devices, an ahead-of-time compile; nothing measured on GPUs yet):
-see WORKSPACE "Long sequences" for the memory per device at this length.
+see docs/guides/long-context.md for the memory per device at this length.
 Inspect:
   python main.py --config=configs/lm_8b_long.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data on 8 logical CPU devices (context 2).

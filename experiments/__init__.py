@@ -48,7 +48,8 @@ What the module provides:
       uint32[B, 2], one key per example of the batch (a function of seed, step and the example's row
       in the global batch): draw random bits per example (jax.vmap over rows) so they never depend on
       how the batch is split. `rng` is None in evaluation: be deterministic then (a loss random by
-      definition, masked tokens, derives each example's key from the example: WORKSPACE.md).
+      definition, masked tokens, derives each example's key from the example:
+      docs/getting-started/first-fork.md).
 
 Optional:
   COUPLES_EXAMPLES: bool

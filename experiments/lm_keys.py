@@ -152,8 +152,7 @@ KEYS = {
     0,
     whole(0),
     keys.MODEL,
-    "Routed experts per mixture-of-experts MLP (model/moe.py); 0: every MLP dense. WORKSPACE 'Train a "
-    "mixture of experts'.",
+    "Routed experts per mixture-of-experts MLP (model/moe.py); 0: every MLP dense. docs/guides/moe.md.",
   ),
   "model.moe.top_k": Key(2, whole(1), keys.MODEL, "Experts each token is routed to."),
   "model.moe.expert_dim": Key(

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
   print(f"  {run}:tiny --workdir=runs/{args.name}_pulse                # 2 steps")
   print(f"  {run}:tiny --workdir=runs/{args.name}_verify --mode=verify # the objective")
   print(f"  {run} --workdir=runs/{args.name}")
-  print("then change loss_sums, build_model or data_sources (WORKSPACE.md, 'Fork an experiment').")
+  print("then change loss_sums, build_model or data_sources (docs/getting-started/first-fork.md).")
   return 0
 
 

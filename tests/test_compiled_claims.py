@@ -1,10 +1,10 @@
 """What the docs claim about the compiled train step, read from its post-partitioning HLO (the program
 each device runs, as --mode=inspect reads it): a mixture of experts on an expert axis exchanges its
-routed rows by all-to-all and gathers none of them (WORKSPACE "Train a mixture of experts"); ring
+routed rows by all-to-all and gathers none of them (docs/guides/moe.md); ring
 attention at context 4 passes key/value chunks by collective-permute, the all-gather strategy gathers
 them instead, and the loss never gathers the decoder's states over context; and blockwise attention
 compiles no [L, L] array, whole or split over the context devices, at context 1 or 4 under either
-strategy (WORKSPACE "Long sequences", model/context.py).
+strategy (docs/guides/long-context.md, model/context.py).
 Each configuration compiles once and is asserted on several times; each claim has a control that
 shows its check can fail."""
 

@@ -1,5 +1,5 @@
 """Comments and docstrings in trainer/, model/, data/ and experiments/ say what and why; measured figures
-live in the benchmarks' output and WORKSPACE's results, where their date, machine and command are, not
+live in the benchmarks' output and docs/results.md, where their date, machine and command are, not
 in the code, where they go stale unseen."""
 
 import ast

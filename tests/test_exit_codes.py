@@ -1,5 +1,6 @@
-"""One table of exit codes (exit_codes.py): the classification gives each class of error
-its code, and WORKSPACE.md, the SLURM script and the Kubernetes JobSet say what the table says."""
+"""One table of exit codes (exit_codes.py): the classification gives each class of error its code, and
+the docs' runbook (docs/runbooks/a-host-died.md), the SLURM script and the Kubernetes JobSet say what
+the table says."""
 
 import errno
 import os
@@ -79,8 +80,8 @@ def _markdown_rows(text: str, header: str) -> list[list[str]]:
   return rows
 
 
-def test_workspace_tables_agree_with_the_exit_code_table():
-  with open(os.path.join(REPO, "WORKSPACE.md")) as f:
+def test_the_runbooks_tables_agree_with_the_exit_code_table():
+  with open(os.path.join(REPO, "docs", "runbooks", "a-host-died.md")) as f:
     text = f.read()
   rows = _markdown_rows(text, exit_codes.markdown().splitlines()[0])
   expected = [[str(r.code), r.name, "yes" if r.restart else "no", r.hint] for r in exit_codes.TABLE]

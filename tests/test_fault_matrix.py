@@ -2,16 +2,15 @@
 truncated or altered file}, injected where the fault really arrives (Orbax's restore, Orbax's
 background writer thread, the ArrayRecord reader, the kernel's /dev/full, the files themselves).
 
-Every cell ends as WORKSPACE.md's failure table says: the documented exit code and one line
-(trainer/cluster/failures.py, what main.py prints), no checkpoint renamed or deleted unless proven damaged, no
-history of the kept steps lost, and a rerun without the fault continues bit for bit from the newest
-whole checkpoint. Cells tested elsewhere: restore x out of memory and EIO, and a state too large for
-the devices (tests/test_checkpoint_recovery.py), restore x an altered byte (the same file); metrics
-write x ENOSPC on a real full tmpfs (tests/test_cli_errors.py: the disk fills after checkpoint 2, and
-the resumed run's first write is its rewrite of metrics.jsonl), metrics x a line torn by a kill
-(tests/test_read_back.py). Cells that cannot happen are left out: a save or a metrics write reads no
-file that could be truncated; data read x ENOSPC (reads take no space).
-"""
+Every cell ends as the failure table (docs/runbooks/a-host-died.md) says: the documented exit code and one
+line (trainer/cluster/failures.py, what main.py prints), no checkpoint renamed or deleted unless proven
+damaged, no history of the kept steps lost, and a rerun without the fault continues bit for bit from the
+newest whole checkpoint. Cells tested elsewhere: restore x out of memory and EIO, and a state too large for
+the devices (tests/test_checkpoint_recovery.py), restore x an altered byte (the same file); metrics write x
+ENOSPC on a real full tmpfs (tests/test_cli_errors.py: the disk fills after checkpoint 2, and the resumed
+run's first write is its rewrite of metrics.jsonl), metrics x a line torn by a kill (tests/test_read_back.py).
+Cells that cannot happen are left out: a save or a metrics write reads no file that could be truncated; data
+read x ENOSPC (reads take no space)."""
 
 import errno
 import json

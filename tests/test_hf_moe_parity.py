@@ -7,7 +7,7 @@ error line, on import and on export.
 
 Routing: dropless, which drops nothing (parity needs routing that cannot drop); capacity routing with
 room for all (capacity_factor = E / top_k) gives the same, and the default 1.25 does not (the figures
-printed; WORKSPACE "Mixtral, Qwen3-MoE and Qwen3"). On a mesh with the expert axis (expert 2, fsdp 2,
+printed; docs/guides/hugging-face.md). On a mesh with the expert axis (expert 2, fsdp 2,
 data 2): capacity routing with room for all; and the default capacity, under which sampling and the task
 evaluators, which route dropless whatever training routes, still give transformers' tokens.
 """
@@ -205,7 +205,8 @@ def test_transformers_5s_fused_experts_read_as_the_per_expert_files(models, tmp_
 
 def test_the_default_capacity_changes_an_imported_mixtral_and_e_over_k_does_not(models):
   """Capacity routing, one device: capacity_factor = E / top_k drops nothing and gives transformers'
-  logits; the default 1.25 drops assignments and changes them (the figures are printed: WORKSPACE)."""
+  logits; the default 1.25 drops assignments and changes them (the figures are printed:
+  docs/guides/hugging-face.md)."""
   _, theirs, c, params, _ = models["mixtral"]
   tokens = np.random.default_rng(4).integers(0, V, (8, 64)).astype(np.int32)
   reference = their_logits(theirs, tokens)

@@ -1,5 +1,5 @@
 """SIGTERM and SIGINT at every phase of a run end it with one clear line and the documented exit code
-(WORKSPACE.md, "Signals"), never a traceback. The end of a run and evaluations are covered in-process
+(docs/concepts/checkpoints.md), never a traceback. The end of a run and evaluations are covered in-process
 by tests/test_run_end.py; mid-step, and a second signal mid-save, by tests/test_kill_resume.py."""
 
 import os

@@ -100,7 +100,7 @@ def step_bytes(compiled) -> int:
 def program_bytes(m) -> int:
   """One device's memory while a compiled program runs, from its memory analysis `m`: on a TPU, XLA's
   peak of the program's live buffers (what the allocator held while lm_125m's step ran; the sum of its
-  temporaries overstated that by a third: WORKSPACE); elsewhere arguments + outputs - donated +
+  temporaries overstated that by a third: docs/results.md); elsewhere arguments + outputs - donated +
   temporaries (XLA's peak on CPU counts the arguments alone)."""
   if jax.default_backend() == "tpu" and getattr(m, "peak_memory_in_bytes", 0) > 0:
     return m.peak_memory_in_bytes

@@ -1,5 +1,5 @@
 """A run directory: every path in it, named once, and reading back what a run wrote there, without
-JAX (the launchers and reports use it). WORKSPACE.md's "What a run writes" lists them.
+JAX (the launchers and reports use it). docs/reference/outputs.md lists them.
 
 Every file here can be torn by a kill mid-write or edited by hand: a reader gets the rows it can
 trust (errors.require_keys names what an incomplete one lacks).

@@ -158,7 +158,8 @@ class LocalTier:
 
   def _serve(self) -> None:
     """The writer: one thread for the run, so each copy's host memory reuses the last one's malloc arena
-    (a thread per copy grew 1.1 GiB per copy of a 1.2 GiB state on a TPU host: WORKSPACE)."""
+    (a thread per copy grew the process's memory by about a copy's size each time on a TPU host:
+    docs/concepts/checkpoints.md)."""
     while (job := self._jobs.get()) is not None:
       try:
         self._write(*job)

@@ -94,7 +94,7 @@ def copy_place(copy_in: str, step_bytes: int, state_bytes: int, limit: int | Non
 
 # The share of a device's memory that a step and a copy beside it may plan on: XLA's peak is its plan,
 # and on a TPU the allocator reserves the step's temporaries in one block. Device copies were never
-# measured above it (lm_125m's step and a copy on a v5e come close to its memory: WORKSPACE).
+# measured above it (lm_125m's step and a copy on a v5e come close to its memory: docs/results.md).
 HEADROOM = 0.9
 
 

@@ -45,7 +45,7 @@ MAX_PAYLOAD = 1 << 34  # 16 GiB: a bound against a stray connection's garbage le
 PORT_BASE_ENV = "PEER_PORT_BASE"
 # The job's secret: hex in PEER_SECRET (launch/local.py), else in the file PEER_SECRET_FILE names
 # (launch/slurm/train.sbatch, a Kubernetes Secret), else made by process 0 and shared through the
-# coordination service (as exposed as that service: WORKSPACE).
+# coordination service (as exposed as that service: docs/concepts/network.md).
 SECRET_ENV, SECRET_FILE_ENV = "PEER_SECRET", "PEER_SECRET_FILE"
 _NONCE = 32
 

@@ -149,7 +149,7 @@ KEYS = {
     whole(0),
     keys.FREE,
     "Grain reader threads preparing batches; 0: the thread that puts batches on the devices reads them "
-    "too (on the TPU v5e reader threads slowed every dispatch: WORKSPACE 'Run on a TPU').",
+    "too (on the TPU v5e reader threads slowed every dispatch: docs/guides/tpu.md).",
     program=False,
   ),
   "data.prefetch": Key(

@@ -147,7 +147,8 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
 
 _LOST = (
   "the model writes a variable in training that the train state does not hold: create every variable "
-  "in build_model, with the shape and dtype training gives it (WORKSPACE.md, State beyond parameters)"
+  "in build_model, with the shape and dtype training gives it (docs/getting-started/first-fork.md, State "
+  "beyond parameters)"
 )
 
 

@@ -1,0 +1,106 @@
+"""Writes the docs' reference pages from the code, so that they cannot drift from it: every config key
+from its declaration (trainer/config/trainer_keys.py, experiments/NAME_keys.py), the exit-code table
+(exit_codes.py) and the experiment contract (experiments/__init__.py). `make docs` runs it before
+mkdocs; the pages are not committed (a fork's own keys appear in its docs as it declares them), and
+tests/test_docs.py builds the docs with them.
+
+  python docs/generate.py [DIR]    # writes DIR (docs/reference) /{config,exit-codes,contract}.md
+"""
+
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import exit_codes  # noqa: E402
+import experiments  # noqa: E402
+from trainer.config import trainer_keys  # noqa: E402
+
+OUT = os.path.join(REPO, "docs", "reference")
+GENERATED = "<!-- Written by docs/generate.py from the code: edit the declarations, not this page. -->"
+# A value no rule allows: its answer says what the rule allows.
+_NOTHING = object()
+
+
+def _cell(text: str) -> str:
+  return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _resume(key) -> str:
+  kind, why = key.on_resume.kind, key.on_resume.why
+  return {"free": "free", "data": "data fingerprint"}.get(kind, f"{kind}: {why}")
+
+
+def _table(declared: dict) -> list[str]:
+  rows = ["| key | default | allowed | on resume | what it means |", "|---|---|---|---|---|"]
+  for dotted, key in sorted(declared.items()):
+    allowed = key.rule(_NOTHING) or ""
+    cells = [
+      f"`{dotted}`",
+      f"`{_cell(repr(key.default))}`",
+      _cell(allowed),
+      _cell(_resume(key)),
+      _cell(key.doc),
+    ]
+    rows.append(f"| {' | '.join(cells)} |")
+  return rows
+
+
+def config_page() -> str:
+  lines = [
+    "# Config keys",
+    "",
+    GENERATED,
+    "",
+    "Every key a config may set, declared once with its default, its rule (checked before anything is",
+    "built: a mistake is one `error:` line), what resuming from a checkpoint with another value does",
+    "(`free`: nothing; `changes`: a warning; `refused`: an `error:` unless `checkpoint.allow_changed_keys`",
+    "names it; `data fingerprint`: the data position decides) and its meaning. Set one on the command line",
+    "with `--config.KEY=VALUE`; a fork declares its own in `experiments/NAME_keys.py`.",
+    "",
+    "## The trainer's keys",
+    "",
+    *_table(trainer_keys.KEYS),
+  ]
+  for name in experiments.available():
+    own = experiments.load_keys(name).KEYS
+    lines += ["", f"## The `{name}` experiment's keys", "", *_table(own)]
+  return "\n".join(lines) + "\n"
+
+
+def exit_codes_page() -> str:
+  return (
+    "\n".join(
+      [
+        "# Exit codes",
+        "",
+        GENERATED,
+        "",
+        "What ended a process, whether the launchers (`launch/local.py`, the SLURM script, the Kubernetes",
+        "JobSet) restart it, and what to do. `python -m exit_codes CODE` prints one row.",
+        "",
+        exit_codes.markdown(),
+      ]
+    )
+    + "\n"
+  )
+
+
+def contract_page() -> str:
+  doc = experiments.__doc__.strip()
+  return "\n".join(["# The experiment contract", "", GENERATED, "", "```text", doc, "```"]) + "\n"
+
+
+PAGES = {"config.md": config_page, "exit-codes.md": exit_codes_page, "contract.md": contract_page}
+
+
+def main(out: str = OUT) -> None:
+  os.makedirs(out, exist_ok=True)
+  for name, page in PAGES.items():
+    with open(os.path.join(out, name), "w") as f:
+      f.write(page())
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
