@@ -7,8 +7,10 @@ and targets, masks pad targets and, with packing, separates documents.
 The experiment contract this module fulfils is in experiments/__init__.py.
 """
 
+import dataclasses
 import functools
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +25,7 @@ from experiments._lm_costs import model_flops_per_example as model_flops_per_exa
 from experiments._lm_costs import routed_bytes_per_example as routed_bytes_per_example
 from model import hf_llama, hf_read, losses, splash
 from model.layers import RopeScaling
-from model.transformer import Decoder
+from model.transformer import Decoder, DecoderConfig
 
 UNIT = "tokens"
 # The decoder's own logical axes: the vocabulary is split like the MLP's hidden dimension (over the
@@ -33,22 +35,11 @@ LOGICAL_AXES = {"vocab": "mlp", "act_vocab": "act_mlp"}
 
 def check_config(config) -> None:
   m = config.model
-  if m.head_dim and m.head_dim % 2:
-    raise UserError(f"model.head_dim={m.head_dim} must be even (RoPE rotates pairs)")
-  if not m.head_dim and (m.embed_dim % m.num_heads or (m.embed_dim // m.num_heads) % 2):
-    raise UserError(
-      f"model.embed_dim={m.embed_dim} must be a multiple of model.num_heads={m.num_heads} with an even "
-      f"head dimension (RoPE rotates pairs), or set model.head_dim"
-    )
+  decoder_config(m)  # The decoder's own shape checks, as errors naming the model.* keys.
   if m.rope_scaling == "llama3" and m.rope_llama3_high_freq_factor <= m.rope_llama3_low_freq_factor:
     raise UserError(
       f"model.rope_llama3_high_freq_factor={m.rope_llama3_high_freq_factor} must exceed "
       f"model.rope_llama3_low_freq_factor={m.rope_llama3_low_freq_factor}"
-    )
-  if m.num_kv_heads and m.num_heads % m.num_kv_heads:
-    raise UserError(
-      f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads} (each key/value "
-      f"head serves a group of query heads), or be 0 for one per query head"
     )
   if m.attention == "cudnn" and jax.default_backend() != "gpu":
     raise UserError(f"model.attention='cudnn' needs GPUs (this run has {jax.default_backend()}): use 'xla'")
@@ -99,35 +90,26 @@ def _check_moe(m) -> None:
 
 
 def build_model(config, rngs: nnx.Rngs) -> Decoder:
-  m = config.model
-  return Decoder(
-    vocab_size=m.vocab_size,
-    embed_dim=m.embed_dim,
-    num_layers=m.num_layers,
-    num_heads=m.num_heads,
-    num_kv_heads=m.num_kv_heads,
-    head_dim=m.head_dim,
-    norm_eps=m.norm_eps,
-    mlp_dim=m.mlp_dim,
-    rope_base=m.rope_base,
-    rope_scaling=rope_scaling(m),
-    compute_dtype=m.compute_dtype,
-    attention=m.attention,
-    context_attention=m.context_attention,
-    attention_block=m.attention_block,
-    qk_norm=m.qk_norm,
-    scan_layers=m.scan_layers,
-    remat=m.remat,
-    tie_embeddings=m.tie_embeddings,
-    scale_tied_embeddings=m.scale_tied_embeddings,
-    z_loss=m.z_loss,
-    loss_chunk=m.loss_chunk,
-    moe=moe_args(m),
-    first_dense=m.moe.first_dense,
-    balance_loss=m.moe.balance_loss,
-    router_z_loss=m.moe.router_z_loss,
-    rngs=rngs,
-  )
+  return Decoder(decoder_config(config.model), rngs=rngs)
+
+
+def decoder_config(m) -> DecoderConfig:
+  """config.model as the Decoder's config: the keys of the same name, RoPE's scaling and the mixture of
+  experts' arguments; a UserError naming the model.* keys where their shapes do not fit."""
+  fields = {f.name for f in dataclasses.fields(DecoderConfig)}
+  same = {k: m[k] for k in fields if k in m and k not in ("rope_scaling", "moe")}
+  e = m.moe
+  try:
+    return DecoderConfig(
+      **same,
+      rope_scaling=rope_scaling(m),
+      moe=moe_args(m),
+      first_dense=e.first_dense,
+      balance_loss=e.balance_loss,
+      router_z_loss=e.router_z_loss,
+    )
+  except ValueError as error:
+    raise UserError(re.sub(rf"\b({'|'.join(sorted(fields))})\b", r"model.\1", str(error))) from None
 
 
 def moe_args(m) -> dict | None:

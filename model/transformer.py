@@ -8,6 +8,7 @@ Every parameter carries logical axis names; activations are constrained where it
 Shapes: B batch, L sequence, D embed, H heads, K head dim, F mlp, V vocab.
 """
 
+import dataclasses
 import math
 
 import jax
@@ -55,66 +56,82 @@ class Block(nnx.Module):
     return constrain(x, ("batch", "act_seq", "act_embed")), aux
 
 
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+  """What a Decoder is: the model.* keys of a config, built once (experiments/lm.py decoder_config), and
+  checked here alone. `head_dim` 0 means embed_dim / num_heads; after construction it is the real one."""
+
+  vocab_size: int
+  embed_dim: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  rope_base: float
+  compute_dtype: str
+  num_kv_heads: int = 0  # 0: one per query head.
+  head_dim: int = 0
+  norm_eps: float = 1e-6
+  rope_scaling: RopeScaling | None = None
+  attention: str = "einsum"
+  context_attention: str = "ring"
+  attention_block: int = 0
+  qk_norm: bool = False
+  scan_layers: bool = False
+  remat: str = "none"
+  tie_embeddings: bool = False
+  scale_tied_embeddings: bool = True
+  z_loss: float = 0.0  # How its loss is taken (model/losses.py): z-loss weight, positions per chunk.
+  loss_chunk: int = 0
+  moe: dict | None = None  # model/moe.MoE's keyword arguments: the blocks after `first_dense` route.
+  first_dense: int = 0
+  balance_loss: float = 0.0  # The MoE auxiliary losses' weights, per token and MoE layer.
+  router_z_loss: float = 0.0
+
+  def __post_init__(self):
+    if not self.head_dim and (self.embed_dim % self.num_heads or (self.embed_dim // self.num_heads) % 2):
+      raise ValueError(
+        f"embed_dim={self.embed_dim} must be a multiple of num_heads={self.num_heads} with an even head "
+        "dimension (RoPE rotates pairs), or set head_dim"
+      )
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even (RoPE rotates pairs)")
+    if self.num_kv_heads and self.num_heads % self.num_kv_heads:
+      raise ValueError(
+        f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} (each key/value head "
+        "serves a group of query heads), or be 0 for one per query head"
+      )
+    if self.remat not in REMAT:
+      raise ValueError(f"remat={self.remat!r}: use one of {sorted(REMAT)}")
+    object.__setattr__(self, "head_dim", self.head_dim or self.embed_dim // self.num_heads)
+
+
 class Decoder(nnx.Module):
   """Tokens [B, L] -> logits [B, L, V] in float32 (`hidden`, then `logits`, for a loss taken in chunks)."""
 
-  def __init__(
-    self,
-    *,
-    vocab_size: int,
-    embed_dim: int,
-    num_layers: int,
-    num_heads: int,
-    mlp_dim: int,
-    rope_base: float,
-    compute_dtype: str,
-    num_kv_heads: int = 0,
-    head_dim: int = 0,
-    norm_eps: float = 1e-6,
-    rope_scaling: RopeScaling | None = None,
-    attention: str = "einsum",
-    context_attention: str = "ring",
-    attention_block: int = 0,
-    qk_norm: bool = False,
-    scan_layers: bool = False,
-    remat: str = "none",
-    tie_embeddings: bool = False,
-    scale_tied_embeddings: bool = True,
-    z_loss: float = 0.0,
-    loss_chunk: int = 0,
-    moe: dict | None = None,
-    first_dense: int = 0,
-    balance_loss: float = 0.0,
-    router_z_loss: float = 0.0,
-    rngs: nnx.Rngs,
-  ):
-    if not head_dim and embed_dim % num_heads:
-      raise ValueError("embed_dim must be a multiple of num_heads unless head_dim is given")
-    head_dim = head_dim or embed_dim // num_heads
-    if head_dim % 2:
-      raise ValueError(f"head_dim={head_dim} must be even (RoPE rotates pairs)")
-    if remat not in REMAT:
-      raise ValueError(f"remat {remat!r}: use one of {sorted(REMAT)}")
-    block_args = (embed_dim, num_heads, mlp_dim, rope_base)
+  def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
+    c = config
+    vocab_size, embed_dim, num_layers, norm_eps = c.vocab_size, c.embed_dim, c.num_layers, c.norm_eps
+    moe, first_dense, tie_embeddings = c.moe, c.first_dense, c.tie_embeddings
+    block_args = (embed_dim, c.num_heads, c.mlp_dim, c.rope_base)
     block_kwargs = dict(
       norm_eps=norm_eps,
-      num_kv_heads=num_kv_heads,
-      head_dim=head_dim,
-      rope_scaling=rope_scaling,
-      impl=attention,
-      qk_norm=qk_norm,
-      context_attention=context_attention,
-      block=attention_block,
+      num_kv_heads=c.num_kv_heads,
+      head_dim=c.head_dim,
+      rope_scaling=c.rope_scaling,
+      impl=c.attention,
+      qk_norm=c.qk_norm,
+      context_attention=c.context_attention,
+      block=c.attention_block,
     )
     # Tied: the table also unembeds, so it starts small (1/sqrt(D)), and lookups are scaled back up;
     # Llama's tied table (scale_tied_embeddings=False) is looked up as it is.
-    self.scale_embed = tie_embeddings and scale_tied_embeddings
+    self.scale_embed = tie_embeddings and c.scale_tied_embeddings
     table_init = _init.normal(1.0 / math.sqrt(embed_dim) if tie_embeddings else 1.0)
     # One axis only on the table: a lookup into a table sharded on both axes rematerializes it.
     self.embed = param(rngs, table_init, (vocab_size, embed_dim), ("vocab", None))
     # With `moe` (model/moe.MoE's keyword arguments), the blocks after the first `first_dense` route.
     kinds = [None] * num_layers if not moe else [None] * first_dense + [moe] * (num_layers - first_dense)
-    if scan_layers:
+    if c.scan_layers:
       # Blocks whose parameters are stacked [n, ...] along a leading `layers` axis: `layers` holds the
       # routed (or all) blocks, `dense_layers` the dense ones that come first in a mixture of experts.
       def stack(n, moe_args):
@@ -132,19 +149,15 @@ class Decoder(nnx.Module):
       self.blocks = nnx.List([Block(*block_args, rngs=rngs, moe=kind, **block_kwargs) for kind in kinds])
     self.num_experts = moe["num_experts"] if moe else 0
     # The MoE auxiliary losses' weights (experiments/lm.py moe_sums), taken per token and MoE layer.
-    self.moe_layers, self.balance_loss, self.router_z_loss = (
-      kinds.count(moe) if moe else 0,
-      balance_loss,
-      router_z_loss,
-    )
+    self.moe_layers = kinds.count(moe) if moe else 0
+    self.balance_loss, self.router_z_loss = c.balance_loss, c.router_z_loss
     self.final_norm = RMSNorm(embed_dim, eps=norm_eps, rngs=rngs)
     if not tie_embeddings:
       self.unembed = param(rngs, _init.lecun_normal(), (embed_dim, vocab_size), ("embed", "vocab"))
-    self.compute_dtype = jnp.dtype(compute_dtype)
-    self.attention = attention
-    self.scan_layers, self.remat, self.tie_embeddings = scan_layers, remat, tie_embeddings
-    # How its loss is taken (model/losses.py): z-loss weight and positions per logits chunk.
-    self.z_loss, self.loss_chunk = z_loss, loss_chunk
+    self.compute_dtype = jnp.dtype(c.compute_dtype)
+    self.attention = c.attention
+    self.scan_layers, self.remat, self.tie_embeddings = c.scan_layers, c.remat, tie_embeddings
+    self.z_loss, self.loss_chunk = c.z_loss, c.loss_chunk
 
   def __call__(self, tokens, positions=None, segment_ids=None):
     return self.logits(self.hidden(tokens, positions, segment_ids))

@@ -134,19 +134,11 @@ def test_packed_attention_does_not_cross_documents():
   """The logits of a document packed after another equal those of the document alone."""
   from flax import nnx
 
-  from model.transformer import Decoder
+  from model.transformer import Decoder, DecoderConfig
 
   with nnx.use_eager_sharding(False):
-    model = Decoder(
-      vocab_size=16,
-      embed_dim=16,
-      num_layers=2,
-      num_heads=2,
-      mlp_dim=32,
-      rope_base=1e4,
-      compute_dtype="float32",
-      rngs=nnx.Rngs(0),
-    )
+    shape = dict(vocab_size=16, embed_dim=16, num_layers=2, num_heads=2, mlp_dim=32, rope_base=1e4)
+    model = Decoder(DecoderConfig(**shape, compute_dtype="float32"), rngs=nnx.Rngs(0))
   first, second = np.array([3, 4, 5, 1]), np.array([6, 7, 8, 9])
   packed = np.concatenate([first, second])[None]
   seg = lm.segments(packed, eos_id=1)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from model import kv_cache
 from model.layers import RopeScaling
-from model.transformer import Decoder
+from model.transformer import Decoder, DecoderConfig
 
 BASE = dict(vocab_size=48, embed_dim=32, num_layers=3, num_heads=4, mlp_dim=64, rope_base=500.0)
 NEW = 8  # Tokens generated.
@@ -27,7 +27,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_cached_generation_equals_rerunning_the_sequence(case):
   with nnx.use_eager_sharding(False):  # No mesh: one device, as sampling runs.
-    model = Decoder(**BASE, **CASES[case], compute_dtype="float32", rngs=nnx.Rngs(0))
+    model = Decoder(DecoderConfig(**BASE, **CASES[case], compute_dtype="float32"), rngs=nnx.Rngs(0))
   prompt = jnp.asarray(np.random.default_rng(1).integers(2, 48, (2, 5)), jnp.int32)
   key = jax.random.PRNGKey(3)
   cached = kv_cache.generate(model, prompt, NEW, 0.0, key, 48, banned=(0,))
@@ -63,7 +63,9 @@ def test_prompts_of_different_lengths_in_one_batch_and_their_log_likelihoods():
   """kv_cache.greedy on prompts padded on the right gives each prompt's own greedy continuation (as
   generate draws it alone, nothing banned), and token_logprobs equals log-softmax of the full pass."""
   with nnx.use_eager_sharding(False):
-    model = Decoder(**BASE, **CASES["scanned_gqa_qknorm"], compute_dtype="float32", rngs=nnx.Rngs(0))
+    model = Decoder(
+      DecoderConfig(**BASE, **CASES["scanned_gqa_qknorm"], compute_dtype="float32"), rngs=nnx.Rngs(0)
+    )
   rng = np.random.default_rng(4)
   prompts = [rng.integers(2, 48, n).astype(np.int32) for n in (3, 7, 1)]
   padded = np.zeros((3, 8), np.int32)

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from model import moe
-from model.transformer import Decoder
+from model.transformer import Decoder, DecoderConfig
 
 E, K, L = 4, 2, 16
 
@@ -18,18 +18,8 @@ def decoder(routing: str, capacity_factor: float = 1.25, **kw) -> Decoder:
   moe_args = dict(num_experts=E, top_k=K, expert_dim=24, routing=routing, capacity_factor=capacity_factor)
   moe_args.update({k: kw.pop(k) for k in ("shared_dim", "score", "renormalize") if k in kw})
   with nnx.use_eager_sharding(False):
-    return Decoder(
-      vocab_size=32,
-      embed_dim=32,
-      num_layers=2,
-      num_heads=2,
-      mlp_dim=48,
-      rope_base=1e4,
-      compute_dtype="float32",
-      moe=moe_args,
-      rngs=nnx.Rngs(0),
-      **kw,
-    )
+    shape = dict(vocab_size=32, embed_dim=32, num_layers=2, num_heads=2, mlp_dim=48, rope_base=1e4)
+    return Decoder(DecoderConfig(**shape, compute_dtype="float32", moe=moe_args, **kw), rngs=nnx.Rngs(0))
 
 
 @nnx.jit
