@@ -7,6 +7,7 @@ tests/test_docs.py builds the docs with them.
   python docs/generate.py [DIR]    # writes DIR (docs/reference) /{config,exit-codes,contract}.md
 """
 
+import dataclasses
 import os
 import sys
 
@@ -16,6 +17,7 @@ sys.path.insert(0, REPO)
 import exit_codes  # noqa: E402
 import experiments  # noqa: E402
 from trainer.config import trainer_keys  # noqa: E402
+from trainer.experiment import REQUIRED, Experiment  # noqa: E402
 
 OUT = os.path.join(REPO, "docs", "reference")
 GENERATED = "<!-- Written by docs/generate.py from the code: edit the declarations, not this page. -->"
@@ -88,8 +90,31 @@ def exit_codes_page() -> str:
 
 
 def contract_page() -> str:
-  doc = experiments.__doc__.strip()
-  return "\n".join(["# The experiment contract", "", GENERATED, "", "```text", doc, "```"]) + "\n"
+  rows = ["| name | required | default | what it is |", "|---|---|---|---|"]
+  for f in dataclasses.fields(Experiment):
+    if f.name == "module":
+      continue
+    required = f.name in REQUIRED
+    default = f.default_factory() if f.default is dataclasses.MISSING and not required else f.default
+    cells = [f"`{f.name}`", "yes" if required else "", "" if required else _cell(repr(default))]
+    rows.append(f"| {' | '.join([*cells, _cell(f.metadata['doc'])])} |")
+  intro = [
+    "# The experiment contract",
+    "",
+    GENERATED,
+    "",
+    "An experiment module's names of the Experiment's parts (trainer/experiment.py), read by",
+    "`trainer.experiment.load`; the optional ones take the default where the module does not define them.",
+    "",
+    *rows,
+    "",
+    "The keys beside it, and what the trainer guarantees in return (experiments/__init__.py):",
+    "",
+    "```text",
+    experiments.__doc__.strip(),
+    "```",
+  ]
+  return "\n".join(intro) + "\n"
 
 
 PAGES = {"config.md": config_page, "exit-codes.md": exit_codes_page, "contract.md": contract_page}

@@ -11,6 +11,7 @@ import experiments
 from configs import base
 from errors import UserError
 from tests.conftest import REPO
+from trainer import experiment as experiment_lib
 from trainer.config import assemble, keys
 from trainer.config import rules as config_rules
 from trainer.config import trainer_keys as declarations
@@ -50,7 +51,7 @@ def _walk(experiment, rules, check):
 
 def _check(experiment):
   declared = assemble.declared(experiment)
-  module = experiments.load(experiment)
+  module = experiment_lib.load(experiment)
   return lambda cfg: (config_rules.check(cfg, declared), module.check_config(cfg))
 
 
@@ -123,4 +124,4 @@ def test_lm_keys_that_depend_on_each_other_are_checked_together(overrides, fragm
   for key, value in overrides.items():
     assemble.set_key(cfg, key, value)
   with pytest.raises(UserError, match=fragment):
-    experiments.load("lm").check_config(cfg)
+    experiment_lib.load("lm").check_config(cfg)

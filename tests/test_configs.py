@@ -74,12 +74,11 @@ def _one_config_per_experiment():
 def test_every_experiment_passes_verify(experiment, path, tmp_path):
   """--mode=verify on each experiment's tiny config, on its (2, 2, 2) mesh with 2 microbatches (the ViT
   with dropout on); tests/test_verify.py covers the (8, 1, 1) and (1, 8, 1) meshes."""
-  import experiments
+  from trainer import experiment as experiment_lib
   from trainer.modes.verify import verify
 
   cfg = _load(path, "tiny")
-  module = experiments.load(experiment)
   # A loss coupling the whole batch refuses microbatches.
-  cfg.microbatches = 1 if experiments.microbatches_change_objective(module) else 2
+  cfg.microbatches = 1 if experiment_lib.load(experiment).microbatches_change_objective else 2
   assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (2, 2, 2)
   assert verify(cfg, str(tmp_path), steps=2), experiment

@@ -16,6 +16,7 @@ from errors import UserError
 from experiments import lm
 from tests.conftest import REPO, run_main, tiny_config
 from trainer import components
+from trainer import experiment as experiment_lib
 from trainer.train import train
 
 LM_WORDS = re.compile(r"token|seq_len|vocab|\bpad\b|pad_id|\beos", re.IGNORECASE)
@@ -55,17 +56,17 @@ def test_an_experiment_is_named_by_module_or_path():
   with pytest.raises(
     UserError, match=r"no experiments/no_such_experiment.py \(available: [^)]*\blm\b[^)]*\bvit\b"
   ) as e:
-    experiments.load("experiments/no_such_experiment.py")
+    experiment_lib.load("experiments/no_such_experiment.py")
   assert "new" not in str(e.value)  # The fork command is not an experiment.
   with pytest.raises(UserError, match="lives in experiments/"):
-    experiments.load("elsewhere/mine.py")
+    experiment_lib.load("elsewhere/mine.py")
 
 
 def test_a_missing_name_of_the_contract_is_named(monkeypatch):
   monkeypatch.delattr(lm, "UNIT")
   monkeypatch.delattr(lm, "check_config")
   with pytest.raises(UserError, match="lacks UNIT, check_config of the experiment contract"):
-    experiments.load("lm")
+    experiment_lib.load("lm")
 
 
 def test_a_config_built_for_another_experiment_is_refused():

@@ -16,6 +16,7 @@ from experiments import lm
 from tests import main_with_hooks
 from tests.conftest import REPO, TINY_FLAGS, read_jsonl, tiny_config
 from trainer import components, hooks
+from trainer import experiment as experiment_lib
 from trainer.modes.export import load
 from trainer.train import train
 
@@ -115,7 +116,7 @@ def test_an_evaluator_reports_beside_eval_loss_and_one_that_raises_ends_the_run_
 def test_a_malformed_evaluator_is_one_error(made, problem, monkeypatch):
   monkeypatch.setattr(lm, "evaluators", lambda config: made, raising=False)
   with pytest.raises(UserError, match=problem):
-    hooks.load_evaluators(lm, tiny_config())
+    hooks.load_evaluators(experiment_lib.load("lm"), tiny_config())
 
 
 def test_an_evaluator_named_like_the_emas_metrics_is_refused(monkeypatch):
@@ -139,7 +140,7 @@ def test_an_evaluator_named_like_the_emas_metrics_is_refused(monkeypatch):
 def test_a_malformed_hook_is_one_error(made, problem, monkeypatch):
   monkeypatch.setattr(lm, "hooks", lambda config: made, raising=False)
   with pytest.raises(UserError, match=problem):
-    hooks.load(lm, tiny_config())
+    hooks.load(experiment_lib.load("lm"), tiny_config())
 
 
 def test_two_processes_gather_for_process_0_and_stop_together_when_one_raises(tmp_path):

@@ -17,11 +17,13 @@ from data import pipeline
 from data.pipeline import BatchPlan
 from data.sources import DataSources
 from errors import UserError
+from trainer import experiment as experiment_lib
 from trainer import mesh as mesh_lib
 from trainer import sharding as sharding_lib
 from trainer import state as state_lib
 from trainer.config import assemble
 from trainer.config import rules as config_rules
+from trainer.experiment import Experiment
 from trainer.optimizer import make_optimizer
 
 
@@ -42,9 +44,9 @@ class Components:
   ema_decay: float  # 0: no average of the params.
 
 
-def load_experiment(config) -> ModuleType:
+def load_experiment(config) -> Experiment:
   """The config's experiment, whose own keys the config must have (base.get_config(NAME) adds them)."""
-  module = experiments.load(config.experiment)
+  experiment = experiment_lib.load(config.experiment)
   name = experiments.module_name(config.experiment)
   missing = sorted(set(experiments.load_keys(name).KEYS) - assemble.dotted_keys(config))
   if missing:
@@ -53,7 +55,7 @@ def load_experiment(config) -> ModuleType:
       f"experiment={name!r} needs config keys {', '.join(missing[:4])}{more} that this config lacks: "
       f"use a config whose get_config() calls base.get_config({name!r})"
     )
-  return module
+  return experiment
 
 
 def _with_config(loss_sums, config) -> Callable:
@@ -66,7 +68,7 @@ def _with_config(loss_sums, config) -> Callable:
 def _check_coupling(experiment, config) -> None:
   """A loss that couples the examples of a global batch (COUPLES_EXAMPLES) is another objective over
   microbatches (each sees only its own examples), unless the experiment says how it accumulates."""
-  if config.microbatches > 1 and experiments.microbatches_change_objective(experiment):
+  if config.microbatches > 1 and experiment.microbatches_change_objective:
     name = experiments.module_name(config.experiment)
     raise UserError(
       f"microbatches={config.microbatches}: experiments/{name}.py declares COUPLES_EXAMPLES (its loss "
@@ -161,7 +163,7 @@ def build_for_compile(config, devices=None) -> tuple[Components, dict]:
   experiment's optional example_batch(config) the data is never opened (a cluster's data.path need not
   exist here); without it, from the first batch of the real data."""
   experiment = load_experiment(config)
-  example = getattr(experiment, "example_batch", None)
+  example = experiment.example_batch
   comp = build(config, devices, with_data=example is None)
   local = example(config) if example else local_batches(comp)(0)
   return comp, pipeline.global_spec(local, comp.batch_sharding, config.global_batch_size)

@@ -20,7 +20,7 @@ from trainer.step import make_eval_step
 def weight_sets(experiment, state) -> dict[str, tuple]:
   """{name: (params, variables)} that evaluation scores: the experiment's eval_weights, else the params
   and, with ema.decay > 0, their average ("ema"), each with the variables training left."""
-  choose = getattr(experiment, "eval_weights", None)
+  choose = experiment.eval_weights
   if choose is not None:
     return choose(state.params, state.variables, state.ema)
   sets = {"": (state.params, state.variables)}

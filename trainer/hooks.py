@@ -130,16 +130,16 @@ def _checked(experiment, config, cls: type, taken=()) -> list:
   """What the experiment's `hooks` or `evaluators` (by `cls`) returns, each checked."""
   kind = cls.__name__.lower()
   attr = f"{kind}s"  # The experiment's hooks() or evaluators().
-  make = getattr(experiment, attr, None)
+  make = experiment.hooks if cls is Hook else experiment.evaluators
   made = list(make(config)) if make is not None else []
   names = set(taken)
   for h in made:
     if not isinstance(h, cls):
       raise UserError(
-        f"{experiment.__name__}.{attr}() returned {h!r}: each must be a trainer.hooks.{cls.__name__}"
+        f"{experiment.module}.{attr}() returned {h!r}: each must be a trainer.hooks.{cls.__name__}"
       )
     if problem := _problem(h, names):
-      raise UserError(f"{kind} {h.name!r} of {experiment.__name__}: {problem}")
+      raise UserError(f"{kind} {h.name!r} of {experiment.module}: {problem}")
     names.add(h.name)
   return made
 

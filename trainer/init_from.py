@@ -30,8 +30,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-import experiments
 from errors import UserError
+from trainer import experiment as experiment_lib
 from trainer import rundir
 from trainer import state as state_lib
 from trainer.checkpoint import store, tree
@@ -57,7 +57,7 @@ def configure(config, workdir: str, given=()) -> None:
       with open(rundir.init_from(workdir), "w") as f:
         json.dump({"path": os.path.abspath(path), "keys": keys}, f, indent=2)
   changed = []
-  extendable = getattr(experiments.load(config.experiment), "EXTENDABLE_KEYS", ())
+  extendable = experiment_lib.load(config.experiment).EXTENDABLE_KEYS
   declared = assemble.declared(config.experiment)
   for dotted, (value, source) in keys.items():
     current = assemble.get_key(config, dotted)
@@ -81,8 +81,8 @@ def _keys(path: str, config) -> dict:
     raise UserError(f"init_from={path} is not a directory")
   if store.has_checkpoints(path):
     return {}  # Another run: its shapes must be this config's (checked parameter by parameter).
-  experiment = experiments.load(config.experiment)
-  if not hasattr(experiment, "pretrained_keys"):
+  experiment = experiment_lib.load(config.experiment)
+  if experiment.pretrained_keys is None:
     raise UserError(
       f"init_from={path} has no checkpoints/ of a run, and experiments/{config.experiment}.py reads no "
       "pretrained format (pretrained_keys, open_pretrained: trainer/init_from.py)"

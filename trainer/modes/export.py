@@ -53,7 +53,7 @@ def export_format(workdir: str, out: str, fmt: str, step: int | None = None, ema
 
   run = load(workdir, step)
   experiment = components.load_experiment(run.config)
-  formats = getattr(experiment, "EXPORT_FORMATS", {})
+  formats = experiment.EXPORT_FORMATS
   if fmt not in formats:
     offered = f"its formats: {', '.join(sorted(formats))}" if formats else "it declares no EXPORT_FORMATS"
     raise UserError(f"--format={fmt}: experiments/{run.config.experiment}.py cannot write it ({offered})")

@@ -80,7 +80,7 @@ def exchange_minimum(experiment, config, mesh_shape: dict) -> tuple[float, str] 
   mixture of experts split over the expert axis, from the experiment's optional
   `routed_bytes_per_example` (the bytes of one example's routed activations there and back in one
   forward pass): each device's examples, all but their 1/e staying, forward and backward."""
-  hook, e = getattr(experiment, "routed_bytes_per_example", None), mesh_shape.get("expert", 1)
+  hook, e = experiment.routed_bytes_per_example, mesh_shape.get("expert", 1)
   if hook is None or e == 1:
     return None
   per_device = config.global_batch_size / int(np.prod(list(mesh_shape.values())))
@@ -228,9 +228,9 @@ def report(config, devices=None, target_device: str | None = None) -> dict:
     ),
     "expert_placement": expert_placement(params, dict(comp.mesh.shape)),
     # The experiment's own account of what compiled (the LM: its attention implementation).
-    "experiment_notes": list(
-      getattr(comp.experiment, "inspect_notes", lambda c, m: [])(config, dict(comp.mesh.shape))
-    ),
+    "experiment_notes": list(notes(config, dict(comp.mesh.shape)))
+    if (notes := comp.experiment.inspect_notes)
+    else [],
     "target_device": None
     if accelerator is None
     else {

@@ -66,7 +66,7 @@ def verify(config, workdir: str, steps: int = 3) -> bool:
   slices = max(2, min(shards, b)) if b > 1 else 1  # As many processes as could each hold a shard.
   pieces = [batches((i * b // slices, (i + 1) * b // slices)) for i in range(slices)]
   on_one = sharded.mesh.size == 1
-  coupled = getattr(sharded.experiment, "COUPLES_EXAMPLES", False)
+  coupled = sharded.experiment.COUPLES_EXAMPLES
 
   state = components.fresh_state(sharded, config)
   # Through the host: independent copies of one initial state (each step donates its input).

@@ -7,7 +7,7 @@ from trainer.observe import hardware
 
 def per_step(experiment, config, param_count: int) -> float | None:
   """FLOPs of one optimizer step over the global batch, or None when the experiment has no count."""
-  hook = getattr(experiment, "model_flops_per_example", None)
+  hook = experiment.model_flops_per_example
   return None if hook is None else float(hook(config, param_count)) * config.global_batch_size
 
 
