@@ -11,9 +11,10 @@ publishes the decision in the coordination service's key-value store; every proc
 that step comes, a whole window after it was made. Every process decides the same, nobody waits for a
 slow clock, and no step runs a collective for it.
 
-`CopyCadence` decides the same way how often the local tier copies: every step while a copy's work
-fits in a tenth of a step, else every N steps, so that copies cost the loop little and never set its
-pace; once windows with and without a copy in flight show what a copy costs the loop, by that. The
+`CopyCadence` decides the same way how often the local tier copies (its CopyPolicy says whether it
+decides at all): once a logging window until a copy's work is measured, then every step while that
+work fits in a tenth of a step, else every N steps, so that copies cost the loop little and never set
+its pace; once windows with and without a copy in flight show what a copy costs the loop, by that. The
 steps' pace it judges by comes from windows without a copy in flight where there are any.
 """
 
@@ -149,6 +150,9 @@ class Decision:
   slower_pct: float | None = None  # Steps this much slower beside a copy in flight for span_s.
   span_s: float | None = None
 
+  def dumps(self) -> str:
+    return json.dumps(dataclasses.asdict(self))
+
   def why(self) -> str:
     if self.copy_s is None:
       return ""
@@ -196,7 +200,7 @@ class CopyCadence(_Published):
     self._unquiet, self._quiet_until, self._windows = 0, 0, 0
     if self.adapts:  # A copy a logging window until one is measured: the steps between go without.
       self.every = self.log_every
-      self._restart(step, attempt, json.dumps(dataclasses.asdict(Decision(self.every))))
+      self._restart(step, attempt, Decision(self.every).dumps())
     if self.checked_every:
       console(
         f"local tier: a run with checks resumes only from a copy a check saw, taken every "
@@ -230,8 +234,8 @@ class CopyCadence(_Published):
   def _pace(self) -> float:
     """The steps' own seconds per step, the median of the last eight windows': those without a copy in
     flight where there are any (a copy in pinned host memory holds up a step in a way no wait shows),
-    after the loop's warm-up where there are any (the first window on a TPU ran at twice the pace of
-    later ones), else all, the loop's waits for copies taken out."""
+    after the loop's warm-up where there are any (the first windows run slower than later ones), else
+    all, the loop's waits for copies taken out."""
     windows = self._step_times
     for pick in ((lambda warm, quiet: warm and quiet), (lambda warm, quiet: quiet), (lambda *_: True)):
       if chosen := [own for warm, quiet, own in windows if pick(warm, quiet)]:
@@ -281,7 +285,7 @@ class CopyCadence(_Published):
       whole = math.ceil(max(span_s, copy_s) / max(step_s, 1e-9) - 1e-6)  # A copy's steps in flight, at least.
       measured = {"slower_pct": 100 * slower, "span_s": span_s} if slower is not None else {}
       decision = Decision(every, probe, copy_s, step_s, max(whole, 1), **measured)
-      self._publish(self._next_logging_step(step), json.dumps(dataclasses.asdict(decision)))
+      self._publish(self._next_logging_step(step), decision.dumps())
 
 
 def lost_steps(every: int, whole: int) -> int:
@@ -310,7 +314,7 @@ COST_SHARE, WORK_ROOM = 0.02, 1.25
 # A window is quiet where copies were in flight for at most QUIET of it, beside one for at least BUSY.
 QUIET, BUSY, PROBE_AFTER = 0.25, 0.5, 16
 # The windows after the loop begins that are not measured: the first copies' new files and the caches'
-# warm-up make steps beside a copy look several times slower than they are later.
+# warm-up make a copy's cost to the steps look larger than it is later.
 WARM_UP = 4
 
 
