@@ -76,9 +76,10 @@ def set_key(c, dotted: str, value) -> None:
 
 
 def apply_args(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-  """Applies a config file's argument: comma-separated `tiny`, `data=N`, `fsdp=N`, `tensor=N`,
-  `steps=N`, `batch=N` (global batch size) and `strategy=NAME`. Mesh axes named set the mesh: the
-  others become 1, and `data` (unless named) takes the remaining devices (-1)."""
+  """Applies a config file's argument: comma-separated `tiny`, the mesh axes (`data=N`, `fsdp=N`,
+  `expert=N`, `context=N`, `tensor=N`), `steps=N`, `batch=N` (global batch size) and `strategy=NAME`.
+  Mesh axes named set the mesh: the others become 1, and `data` (unless named) takes the remaining
+  devices (-1)."""
   mesh = {}
   for item in filter(None, (a.strip() for a in (arg or "").split(","))):
     name, _, value = item.partition("=")
