@@ -189,7 +189,9 @@ def main(argv=None):
   label = (
     f"logical CPU devices on {cores} cores: not an interconnect figure" if cpu else device_label(devices)
   )
-  unit = __import__("experiments", fromlist=["load"]).load(load_config(args.config).experiment).UNIT
+  from trainer import experiment
+
+  unit = experiment.load(load_config(args.config).experiment).UNIT
   rows = []
   print(f"{label}; {args.steps} timed steps per point after one warm-up")
   print(

@@ -17,9 +17,10 @@ without the model):
       Overrides (dotted keys) that shrink the experiment to a pulse on 8 logical CPU devices: what a
       config's `:tiny` argument applies on top of the trainer's own shrinking.
 
-What the module provides: the names of trainer/experiment.py's Experiment, each with its meaning and
-default there (required: UNIT, LOGICAL_AXES, check_config, build_model, data_sources, loss_sums; the
-rest optional), read by trainer.experiment.load. docs/reference/contract.md lists them (`make docs`).
+What the module provides: `EXPERIMENT = trainer.experiment.Experiment(UNIT=..., loss_sums=..., ...)`,
+naming its parts; each part's meaning and default are in trainer/experiment.py (required: UNIT,
+LOGICAL_AXES, check_config, build_model, data_sources, loss_sums; the rest optional), and
+trainer.experiment.load reads it. docs/reference/contract.md lists them (`make docs`).
 
 What the trainer guarantees:
   - Global batch t holds the same records in the same order on any number of devices and processes;

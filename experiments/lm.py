@@ -20,12 +20,11 @@ from flax import nnx
 from data import synthetic
 from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
-from experiments._lm_costs import inspect_notes as inspect_notes
-from experiments._lm_costs import model_flops_per_example as model_flops_per_example
-from experiments._lm_costs import routed_bytes_per_example as routed_bytes_per_example
+from experiments._lm_costs import inspect_notes, model_flops_per_example, routed_bytes_per_example
 from model import hf_llama, hf_read, losses, splash
 from model.layers import RopeScaling
 from model.transformer import Decoder, DecoderConfig
+from trainer.experiment import Experiment
 
 UNIT = "tokens"
 # The decoder's own logical axes: the vocabulary is split like the MLP's hidden dimension (over the
@@ -380,3 +379,22 @@ def segments(inputs: np.ndarray, eos_id: int) -> dict[str, np.ndarray]:
   idx = np.broadcast_to(np.arange(inputs.shape[1]), inputs.shape)
   first = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)
   return {"segment_ids": segment_ids, "positions": (idx - first).astype(np.int32)}
+
+
+EXPERIMENT = Experiment(
+  UNIT=UNIT,
+  LOGICAL_AXES=LOGICAL_AXES,
+  check_config=check_config,
+  build_model=build_model,
+  data_sources=data_sources,
+  loss_sums=loss_sums,
+  pretrained_keys=pretrained_keys,
+  open_pretrained=open_pretrained,
+  EXTENDABLE_KEYS=EXTENDABLE_KEYS,
+  EXPORT_FORMATS=EXPORT_FORMATS,
+  example_batch=example_batch,
+  model_flops_per_example=model_flops_per_example,
+  routed_bytes_per_example=routed_bytes_per_example,
+  inspect_notes=inspect_notes,
+  evaluators=evaluators,
+)

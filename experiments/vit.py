@@ -17,6 +17,7 @@ from data import images
 from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
 from model.vit import ViT
+from trainer.experiment import Experiment
 
 UNIT = "images"
 # The ViT's own logical axes, all replicated: pixels of a patch, patch positions, classes.
@@ -72,3 +73,13 @@ def loss_sums(model: ViT, batch: dict[str, jax.Array], rng):
   xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])  # [B]
   correct = (jnp.argmax(logits, axis=-1) == batch["labels"]).astype(jnp.float32)
   return jnp.sum(xent * w), jnp.sum(w), {"accuracy": jnp.sum(correct * w)}
+
+
+EXPERIMENT = Experiment(
+  UNIT=UNIT,
+  LOGICAL_AXES=LOGICAL_AXES,
+  check_config=check_config,
+  build_model=build_model,
+  data_sources=data_sources,
+  loss_sums=loss_sums,
+)

@@ -12,7 +12,8 @@ import optax
 from flax import nnx
 
 from experiments import vit_keys
-from experiments.vit import check_config, data_sources  # noqa: F401
+from experiments.vit import check_config, data_sources
+from trainer.experiment import Experiment
 
 UNIT = "images"
 LOGICAL_AXES = {}
@@ -49,6 +50,17 @@ def loss_sums(model: ConvNet, batch, rng):
   xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
   correct = (jnp.argmax(logits, axis=-1) == batch["labels"]).astype(jnp.float32)
   return jnp.sum(xent * w), jnp.sum(w), {"accuracy": jnp.sum(correct * w)}
+
+
+EXPERIMENT = Experiment(
+  UNIT=UNIT,
+  LOGICAL_AXES=LOGICAL_AXES,
+  check_config=check_config,
+  build_model=build_model,
+  data_sources=data_sources,
+  loss_sums=loss_sums,
+  COUPLES_EXAMPLES=COUPLES_EXAMPLES,
+)
 
 
 def install() -> None:

@@ -105,6 +105,13 @@ TINY_FLAGS = [
 ]
 
 
+def patch_experiment(monkeypatch, module, **parts):
+  """Replaces parts of an experiment module's EXPERIMENT for one test (trainer.experiment.load reads it)."""
+  import dataclasses
+
+  monkeypatch.setattr(module, "EXPERIMENT", dataclasses.replace(module.EXPERIMENT, **parts))
+
+
 def read_jsonl(path):
   import json
 

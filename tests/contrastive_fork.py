@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from experiments import vit, vit_keys
-from experiments.vit import LOGICAL_AXES, build_model, check_config, data_sources  # noqa: F401
+from experiments.vit import LOGICAL_AXES, build_model, check_config, data_sources
+from trainer.experiment import Experiment
 
 UNIT = "pairs"
 COUPLES_EXAMPLES = True
@@ -27,6 +28,17 @@ def loss_sums(model, batch, rng):
   pairs = w[:, None] * w[None, :] * (1.0 - jnp.eye(w.shape[0]))
   loss = jax.nn.softplus(-(2.0 * same - 1.0) * logits)
   return jnp.sum(loss * pairs), jnp.sum(pairs), {"positives": jnp.sum(same * pairs)}
+
+
+EXPERIMENT = Experiment(
+  UNIT=UNIT,
+  LOGICAL_AXES=LOGICAL_AXES,
+  check_config=check_config,
+  build_model=build_model,
+  data_sources=data_sources,
+  loss_sums=loss_sums,
+  COUPLES_EXAMPLES=COUPLES_EXAMPLES,
+)
 
 
 def install() -> None:

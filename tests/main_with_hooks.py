@@ -11,6 +11,7 @@ experiment file; tests/test_fork.py does that):
 - ERROR_LINE_LATE_S=S: process 1 finds its `error:` line S seconds after the others.
 """
 
+import dataclasses
 import os
 import runpy
 import sys
@@ -64,10 +65,10 @@ def _late_on_process_1(error_line, seconds: float):
 if __name__ == "__main__":  # Importing it (the test does, for `probe`) changes nothing.
   if late_s := float(os.environ.get("ERROR_LINE_LATE_S", 0)):
     failures.error_line = _late_on_process_1(failures.error_line, late_s)
-  lm.evaluators = lambda config: [Evaluator("probe", lambda ctx: probe(ctx.model(), ctx.config.data.seq_len))]
-  lm.hooks = lambda config: [
-    Hook("gathered", _gathered, every=4, on="process_0"),
-    Hook("boom", _boom, every=5),
-  ]
+  lm.EXPERIMENT = dataclasses.replace(
+    lm.EXPERIMENT,
+    evaluators=lambda config: [Evaluator("probe", lambda ctx: probe(ctx.model(), ctx.config.data.seq_len))],
+    hooks=lambda config: [Hook("gathered", _gathered, every=4, on="process_0"), Hook("boom", _boom, every=5)],
+  )
   sys.argv[0] = os.path.join(REPO, "main.py")
   runpy.run_path(sys.argv[0], run_name="__main__")

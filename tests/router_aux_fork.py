@@ -14,8 +14,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiments import lm, lm_keys
-from experiments.lm import UNIT, check_config, data_sources, example_batch  # noqa: F401
+from experiments.lm import UNIT, check_config, data_sources, example_batch
 from model.layers import param
+from trainer.experiment import Experiment
 
 LOGICAL_AXES = {**lm.LOGICAL_AXES, "expert": None}  # The router's own axis: replicated unless a rule says.
 EXPERTS = 4
@@ -59,6 +60,17 @@ def loss_sums_batch_mean(model: Routed, batch, rng):
   aux_sum = jnp.sum(batch["weights"] * _router_penalty(model, batch))
   aux_mean = aux_sum / jnp.maximum(count, 1.0)
   return loss_sum + AUX_WEIGHT * aux_mean, count, {**metrics, "router_aux": aux_sum}
+
+
+EXPERIMENT = Experiment(
+  UNIT=UNIT,
+  LOGICAL_AXES=LOGICAL_AXES,
+  check_config=check_config,
+  build_model=build_model,
+  data_sources=data_sources,
+  loss_sums=loss_sums,
+  example_batch=example_batch,
+)
 
 
 def install() -> None:

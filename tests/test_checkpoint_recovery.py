@@ -14,7 +14,7 @@ import pytest
 
 from errors import UserError
 from experiments import lm
-from tests.conftest import read_jsonl, tiny_config, train_losses
+from tests.conftest import patch_experiment, read_jsonl, tiny_config, train_losses
 from trainer.train import train
 
 STEPS = 8
@@ -150,7 +150,7 @@ def _poison(monkeypatch, batches):
     hit = jnp.any(jnp.all(batch["inputs"][0][None] == markers, axis=1))
     return jnp.where(hit, jnp.nan, loss_sum), count, metrics
 
-  monkeypatch.setattr(lm, "loss_sums", poisoned)
+  patch_experiment(monkeypatch, lm, loss_sums=poisoned)
 
 
 @pytest.fixture

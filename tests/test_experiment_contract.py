@@ -1,5 +1,6 @@
 """The experiment contract is checked, not assumed, and the trainer knows no experiment's concepts."""
 
+import dataclasses
 import functools
 import glob
 import os
@@ -14,7 +15,7 @@ import experiments
 from data.pipeline import PAD, BatchPlan, LocalBatches
 from errors import UserError
 from experiments import lm
-from tests.conftest import REPO, run_main, tiny_config
+from tests.conftest import REPO, patch_experiment, run_main, tiny_config
 from trainer import components
 from trainer import experiment as experiment_lib
 from trainer.train import train
@@ -62,10 +63,17 @@ def test_an_experiment_is_named_by_module_or_path():
     experiment_lib.load("elsewhere/mine.py")
 
 
-def test_a_missing_name_of_the_contract_is_named(monkeypatch):
-  monkeypatch.delattr(lm, "UNIT")
-  monkeypatch.delattr(lm, "check_config")
-  with pytest.raises(UserError, match="lacks UNIT, check_config of the experiment contract"):
+def test_a_missing_part_of_the_contract_is_named_and_an_old_style_module_is_told_what_to_change(monkeypatch):
+  with pytest.raises(
+    UserError, match="Experiment\\(...\\) lacks LOGICAL_AXES, check_config, data_sources of the"
+  ):
+    experiment_lib.Experiment(UNIT="images", build_model=print, loss_sums=print)
+  with pytest.raises(UserError, match="UNIT must be a lower-case word"):
+    dataclasses.replace(lm.EXPERIMENT, UNIT="Tokens")
+  monkeypatch.delattr(lm, "EXPERIMENT")  # The names alone, as the contract was before.
+  with pytest.raises(
+    UserError, match=r"experiments/lm.py defines no EXPERIMENT = trainer.experiment.Experiment"
+  ):
     experiment_lib.load("lm")
 
 
@@ -90,7 +98,7 @@ def test_loss_sums_that_breaks_the_contract_is_one_user_error(tmp_path, monkeypa
     xent = -jnp.take_along_axis(logits, batch["targets"][..., None], axis=-1)[..., 0]
     return returns(xent, batch["weights"])
 
-  monkeypatch.setattr(lm, "loss_sums", broken)
+  patch_experiment(monkeypatch, lm, loss_sums=broken)
   with pytest.raises(
     UserError, match=rf"loss_sums must return \(loss_sum, count, \{{metric: sum\}}\).*{re.escape(fragment)}"
   ):
@@ -137,7 +145,7 @@ def test_a_loss_sums_that_asks_for_the_config_is_given_it(tmp_path, monkeypatch)
     loss_sum, count, metrics = real(model, batch, rng)
     return loss_sum * (1.0 + config.model.z_loss), count, metrics
 
-  monkeypatch.setattr(lm, "loss_sums", weighted)
+  patch_experiment(monkeypatch, lm, loss_sums=weighted)
   summary = train(tiny_config(steps=1, **{"model.z_loss": 0.5}), str(tmp_path))
   assert summary["final_step"] == 1 and seen and set(seen) == {0.5}
 
@@ -155,7 +163,7 @@ def test_a_variable_loss_sums_creates_in_training_is_an_error_naming_it_not_lost
     model.seen = nnx.BatchStat(jnp.sum(batch["weights"]))  # A statistic the built model does not have.
     return real(model, batch, rng)
 
-  monkeypatch.setattr(lm, "loss_sums", updating)
+  patch_experiment(monkeypatch, lm, loss_sums=updating)
   with pytest.raises(UserError, match=r"loss_sums changed the model's variable seen \(created in loss_sums"):
     train(tiny_config(steps=1), str(tmp_path))
 
@@ -195,8 +203,8 @@ def test_a_variable_written_in_every_microbatch_keeps_every_write(tmp_path, monk
       model.seen.set_value(model.seen.get_value() + jnp.sum(batch["weights"]))
     return real_loss(model, batch, rng)
 
-  monkeypatch.setattr(lm, "build_model", build)
-  monkeypatch.setattr(lm, "loss_sums", counting)
+  patch_experiment(monkeypatch, lm, build_model=build)
+  patch_experiment(monkeypatch, lm, loss_sums=counting)
   summary = train(tiny_config(steps=2, microbatches=2, **{"checkpoint.every": 2}), str(tmp_path))
   run = load(str(tmp_path))
   assert "seen" in run.variables and "seen" not in run.params

@@ -104,4 +104,9 @@ def evaluators(config):
     return {"share_positive": float(jnp.mean(jnp.concatenate(leaves) > 0))}
 
   return [Evaluator("top_score", top_score)]
+
+
+import dataclasses  # noqa: E402 - appended to the fork, as a user would.
+
+EXPERIMENT = dataclasses.replace(EXPERIMENT, hooks=hooks, evaluators=evaluators)
 """

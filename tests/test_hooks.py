@@ -14,7 +14,7 @@ import exit_codes
 from errors import UserError
 from experiments import lm
 from tests import main_with_hooks
-from tests.conftest import REPO, TINY_FLAGS, read_jsonl, tiny_config
+from tests.conftest import REPO, TINY_FLAGS, patch_experiment, read_jsonl, tiny_config
 from trainer import components, hooks
 from trainer import experiment as experiment_lib
 from trainer.modes.export import load
@@ -71,7 +71,7 @@ def test_a_hook_that_raises_names_itself_and_its_line_and_saves_its_step(tmp_pat
   def broken(ctx):
     raise KeyError("no_such_metric")
 
-  monkeypatch.setattr(lm, "hooks", lambda config: [hooks.Hook("broken", broken, every=3)], raising=False)
+  patch_experiment(monkeypatch, lm, hooks=lambda config: [hooks.Hook("broken", broken, every=3)])
   with pytest.raises(
     hooks.HookFailed,
     match=r"hook 'broken' raised at step 3: KeyError: 'no_such_metric' \(.*test_hooks.py:\d+\)",
@@ -94,7 +94,7 @@ def test_an_evaluator_reports_beside_eval_loss_and_one_that_raises_ends_the_run_
     return {}
 
   made = [hooks.Evaluator("count", count), hooks.Evaluator("broken", broken)]
-  monkeypatch.setattr(lm, "evaluators", lambda config: made, raising=False)
+  patch_experiment(monkeypatch, lm, evaluators=lambda config: made)
   with pytest.raises(
     hooks.HookFailed, match=r"evaluator 'broken' raised at step 4: TypeError: returned list"
   ):
@@ -114,7 +114,7 @@ def test_an_evaluator_reports_beside_eval_loss_and_one_that_raises_ends_the_run_
   ],
 )
 def test_a_malformed_evaluator_is_one_error(made, problem, monkeypatch):
-  monkeypatch.setattr(lm, "evaluators", lambda config: made, raising=False)
+  patch_experiment(monkeypatch, lm, evaluators=lambda config: made)
   with pytest.raises(UserError, match=problem):
     hooks.load_evaluators(experiment_lib.load("lm"), tiny_config())
 
@@ -122,7 +122,7 @@ def test_a_malformed_evaluator_is_one_error(made, problem, monkeypatch):
 def test_an_evaluator_named_like_the_emas_metrics_is_refused(monkeypatch):
   from trainer import evaluate
 
-  monkeypatch.setattr(lm, "evaluators", lambda config: [hooks.Evaluator("ema", print)], raising=False)
+  patch_experiment(monkeypatch, lm, evaluators=lambda config: [hooks.Evaluator("ema", print)])
   config = tiny_config()
   with pytest.raises(UserError, match="'ema' of .*: its name is used twice"):
     evaluate.evaluators(components.build(config, with_data=False), config)
@@ -138,7 +138,7 @@ def test_an_evaluator_named_like_the_emas_metrics_is_refused(monkeypatch):
   ],
 )
 def test_a_malformed_hook_is_one_error(made, problem, monkeypatch):
-  monkeypatch.setattr(lm, "hooks", lambda config: made, raising=False)
+  patch_experiment(monkeypatch, lm, hooks=lambda config: made)
   with pytest.raises(UserError, match=problem):
     hooks.load(experiment_lib.load("lm"), tiny_config())
 

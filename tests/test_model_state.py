@@ -17,7 +17,7 @@ from configs import vit_smoke_cpu
 from data import pipeline
 from errors import UserError
 from tests import batchnorm_fork
-from tests.conftest import tiny_config
+from tests.conftest import patch_experiment, tiny_config
 from tests.test_local_launcher import _launch
 from trainer import components
 from trainer import state as state_lib
@@ -148,7 +148,7 @@ def test_the_average_is_numpys_and_evaluation_and_export_report_it(tmp_path, mon
   np.testing.assert_array_equal(tensors["head/kernel"], got["head"]["kernel"])
   assert "pixel_norm/mean" in tensors  # The variables travel with the weights.
 
-  monkeypatch.setattr(batchnorm_fork, "eval_weights", lambda p, v, ema: {"only_ema": (ema, v)}, raising=False)
+  patch_experiment(monkeypatch, batchnorm_fork, eval_weights=lambda p, v, ema: {"only_ema": (ema, v)})
   row = evaluate_checkpoint(config, str(tmp_path))
   assert row["eval_only_ema_loss"] == pytest.approx(summary["eval_ema_loss"], rel=1e-6)
   assert "eval_loss" not in row, row
@@ -167,7 +167,7 @@ def test_verify_checks_the_variables_and_fails_naming_one_a_fork_would_lose(tmp_
     model.seen = nnx.BatchStat(batch["weights"].sum())
     return real(model, batch, rng)
 
-  monkeypatch.setattr(batchnorm_fork, "loss_sums", counting)
+  patch_experiment(monkeypatch, batchnorm_fork, loss_sums=counting)
   assert not verify(_config(steps=2), str(tmp_path / "lost"), steps=2)
   with open(os.path.join(tmp_path, "lost", "verify.json")) as f:
     failed = [p for p in json.load(f)["properties"] if p["result"] == "FAIL"]

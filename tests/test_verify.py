@@ -13,7 +13,7 @@ import pytest
 
 from experiments import lm
 from tests import router_aux_fork
-from tests.conftest import run_main, tiny_config
+from tests.conftest import patch_experiment, run_main, tiny_config
 from trainer.modes.verify import verify
 
 PROPERTIES = ("additivity", "padding_inert", "one_division", "rows_separate", "device_count")
@@ -49,7 +49,7 @@ def _scaled_by_devices(model, batch, rng):  # What summing per-device means does
   ids=lambda x: getattr(x, "__name__", x),
 )
 def test_verify_fails_for_a_classic_fork_mistake_and_names_it(tmp_path, monkeypatch, capsys, loss, broken):
-  monkeypatch.setattr(lm, "loss_sums", loss)
+  patch_experiment(monkeypatch, lm, loss_sums=loss)
   assert not verify(tiny_config(microbatches=2), str(tmp_path), steps=2)
   lines = capsys.readouterr().out.splitlines()
   assert any(line.startswith(broken) and "FAIL" in line for line in lines), "\n".join(lines)
@@ -72,7 +72,7 @@ def test_an_additivity_fail_names_the_quantity_and_the_causes_and_no_figure_from
 ):
   """A metric over the whole batch is 0 for each example alone: the FAIL names it, says what a
   coupled term is and what else breaks additivity, and prints no figure divided by that 0 (2e+30)."""
-  monkeypatch.setattr(lm, "loss_sums", _pairs_of_rows)
+  patch_experiment(monkeypatch, lm, loss_sums=_pairs_of_rows)
   assert not verify(tiny_config(), str(tmp_path), steps=1)
   lines = capsys.readouterr().out.splitlines()
   at = next(i for i, line in enumerate(lines) if line.startswith("additivity"))
@@ -101,7 +101,7 @@ def test_a_batch_mean_auxiliary_term_fails_additivity_by_its_gradient_and_its_su
   config.unlock()
   config.experiment = "routed"
   config.lock()
-  monkeypatch.setattr(router_aux_fork, "loss_sums", router_aux_fork.loss_sums_batch_mean)
+  patch_experiment(monkeypatch, router_aux_fork, loss_sums=router_aux_fork.loss_sums_batch_mean)
   assert not verify(config, str(tmp_path / "mean"), steps=1)
   lines = capsys.readouterr().out.splitlines()
   at = next(i for i, line in enumerate(lines) if line.startswith("additivity"))

@@ -12,6 +12,7 @@ from flax import nnx
 
 from data.sources import DataSources, recipe_fingerprint
 from experiments import lm_keys
+from trainer.experiment import Experiment
 
 UNIT = "examples"
 LOGICAL_AXES = {"inputs": None}
@@ -60,6 +61,16 @@ def data_sources(config) -> DataSources:
 def loss_sums(model, batch, rng):
   w = batch["weights"]
   return jnp.sum(jnp.sum(model(batch["x"]) ** 2, axis=-1) * w), jnp.sum(w), {}
+
+
+EXPERIMENT = Experiment(
+  UNIT=UNIT,
+  LOGICAL_AXES=LOGICAL_AXES,
+  check_config=check_config,
+  build_model=build_model,
+  data_sources=data_sources,
+  loss_sums=loss_sums,
+)
 
 
 def install() -> None:

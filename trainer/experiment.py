@@ -1,7 +1,8 @@
 """The experiment contract as a type: what an experiment provides to the trainer (Experiment: each part a
-field with its meaning and default), and `load`, which reads it from an experiment module. What the
-trainer guarantees in return, and an experiment's keys, are experiments/__init__.py's; `make docs`
-writes both into docs/reference/contract.md."""
+field with its meaning and default), and `load`, which finds the one an experiment module defines as
+`EXPERIMENT = Experiment(UNIT=..., loss_sums=..., ...)`. What the trainer guarantees in return, and an
+experiment's keys, are experiments/__init__.py's; `make docs` writes both into
+docs/reference/contract.md."""
 
 import dataclasses
 import re
@@ -19,37 +20,44 @@ def _part(doc: str, default=dataclasses.MISSING, factory=dataclasses.MISSING):
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """An experiment's parts, read from its module's names of the same name (`load`)."""
+  """An experiment's parts, as its module's EXPERIMENT names them: the required ones (REQUIRED) are
+  checked here, each optional one has its default."""
 
-  module: str = _part("The module's name, as Python has it (experiments.lm): named in error lines.")
-  UNIT: str = _part(
+  module: str = _part("The module's name, as Python has it (experiments.lm), which load sets.", "")
+  UNIT: str | None = _part(
     "What the loss's count counts ('images', 'pairs'): metrics are named valid_{UNIT} and "
-    "{UNIT}_per_s, the summary {UNIT}_trained_this_run. A lower-case word."
+    "{UNIT}_per_s, the summary {UNIT}_trained_this_run. A lower-case word.",
+    None,
   )
-  LOGICAL_AXES: dict = _part(
+  LOGICAL_AXES: dict | None = _part(
     "Every logical axis name its model uses beyond the trainer's own (batch, embed, mlp, heads, kv, "
     "norm, act_seq, act_embed, act_mlp, act_heads, act_kv; trainer/sharding.py), mapped to the "
-    "trainer name it is sharded like, or None (replicated)."
+    "trainer name it is sharded like, or None (replicated).",
+    None,
   )
-  check_config: Callable = _part(
+  check_config: Callable | None = _part(
     "check_config(config) -> None: raises errors.UserError for values of the experiment's keys that do "
     "not go together (one line, naming the keys), before anything is compiled; each key's own rule is "
-    "checked before it."
+    "checked before it.",
+    None,
   )
-  build_model: Callable = _part(
+  build_model: Callable | None = _part(
     "build_model(config, rngs) -> nnx.Module: parameters carry logical axis names; everything else the "
     "model holds (nnx.BatchStat, a variable type of its own) is state beyond parameters, created here "
-    "with its final shape and dtype, kept apart from the params, saved, restored and resharded."
+    "with its final shape and dtype, kept apart from the params, saved, restored and resharded.",
+    None,
   )
-  data_sources: Callable = _part(
+  data_sources: Callable | None = _part(
     "data_sources(config) -> data.sources.DataSources: train and held-out random-access sources, a "
-    "fingerprint of the records, an optional loss floor, and make_batch (records -> arrays)."
+    "fingerprint of the records, an optional loss floor, and make_batch (records -> arrays).",
+    None,
   )
-  loss_sums: Callable = _part(
+  loss_sums: Callable | None = _part(
     "loss_sums(model, batch, rng[, config]) -> (loss_sum, count, {metric: sum}): scalars summed over the "
     "valid elements of the batch (weight > 0), never a mean; the trainer adds them over devices, "
     "processes and microbatches and divides once by the global count. rng is uint32[B, 2], a key per "
-    "example (None in evaluation: be deterministic then)."
+    "example (None in evaluation: be deterministic then).",
+    None,
   )
   COUPLES_EXAMPLES: bool = _part(
     "True when loss_sums couples the examples of the global batch (a contrastive loss, batch "
@@ -118,6 +126,15 @@ class Experiment:
     None,
   )
 
+  def __post_init__(self):
+    if missing := [name for name in REQUIRED if getattr(self, name) is None]:
+      raise UserError(
+        f"Experiment(...) lacks {', '.join(missing)} of the experiment contract (docs/reference/contract.md, "
+        "trainer/experiment.py)"
+      )
+    if not isinstance(self.UNIT, str) or not re.fullmatch(r"[a-z_]+", self.UNIT):
+      raise UserError(f"Experiment(UNIT={self.UNIT!r}): UNIT must be a lower-case word like 'images'")
+
   @property
   def microbatches_change_objective(self) -> bool:
     """Whether splitting a global batch into microbatches would change the objective: the loss couples
@@ -125,26 +142,20 @@ class Experiment:
     return self.COUPLES_EXAMPLES and not self.MICROBATCH_COUPLING
 
 
-REQUIRED = tuple(
-  f.name
-  for f in dataclasses.fields(Experiment)
-  if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name != "module"
-)
+REQUIRED = ("UNIT", "LOGICAL_AXES", "check_config", "build_model", "data_sources", "loss_sums")
 
 
 def load(name: str) -> Experiment:
-  """The experiment module `name` (experiments.module_name) read as an Experiment: every required part
-  present, each optional one at its default where the module does not define it."""
-  module = experiments.import_module(name)
+  """The Experiment that experiments/NAME.py defines as EXPERIMENT (experiments.module_name)."""
   file = f"experiments/{experiments.module_name(name)}.py"
-  missing = [n for n in REQUIRED if n not in vars(module)]
-  if missing:
+  try:
+    module = experiments.import_module(name)
+  except UserError as e:  # Its Experiment(...) refused at import: say where.
+    raise UserError(str(e) if str(e).startswith("experiment=") else f"{file}: {e}") from None
+  experiment = vars(module).get("EXPERIMENT")
+  if not isinstance(experiment, Experiment):
     raise UserError(
-      f"{file} lacks {', '.join(missing)} of the experiment contract (docs/reference/contract.md, "
-      "trainer/experiment.py)"
+      f"{file} defines no EXPERIMENT = trainer.experiment.Experiment(...): an experiment names its parts "
+      "there (UNIT=UNIT, loss_sums=loss_sums, ...; docs/reference/contract.md), not as module names alone"
     )
-  parts = {f.name: vars(module)[f.name] for f in dataclasses.fields(Experiment) if f.name in vars(module)}
-  experiment = Experiment(module=module.__name__, **parts)
-  if not isinstance(experiment.UNIT, str) or not re.fullmatch(r"[a-z_]+", experiment.UNIT):
-    raise UserError(f"{file}: UNIT must be a lower-case word like 'images', not {experiment.UNIT!r}")
-  return experiment
+  return dataclasses.replace(experiment, module=module.__name__)
