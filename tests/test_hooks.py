@@ -38,16 +38,15 @@ def test_hooks_run_on_their_cadence_with_the_state_and_write_rows_text_and_image
   def picture(ctx):
     ctx.writer.image("grid", np.linspace(0, 1, 12).reshape(3, 4))
 
-  monkeypatch.setattr(
+  patch_experiment(
+    monkeypatch,
     lm,
-    "hooks",
-    lambda config: [
+    hooks=lambda config: [
       hooks.Hook("sample", sample, every=2),
       hooks.Hook("picture", picture, every=3, on="process_0"),
       # By the clock, on logging steps: every step outlasts 1 ms, so each one after the first.
       hooks.Hook("clock", lambda ctx: ctx.writer.scalar("step", ctx.step), every_s=1e-3),
     ],
-    raising=False,
   )
   summary = train(tiny_config(log_every=2), str(tmp_path))
   assert [s for s, _ in seen] == [2, 4, 6] and seen[0][1] == (1, 4, 32)

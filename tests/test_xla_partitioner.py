@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from configs import smoke_cpu
 from tests import xla_repro_fork
-from tests.conftest import tiny_config
+from tests.conftest import patch_experiment, tiny_config
 from trainer.checks import checked_programs
 from trainer.checks.first_step import Miscompiled, NonFiniteFirstStep
 from trainer.cluster import failures
@@ -201,8 +201,8 @@ def test_a_non_finite_first_step_has_its_own_line_and_exit_code(tmp_path, monkey
   from experiments import lm
 
   loss_sums = lm.loss_sums
-  monkeypatch.setattr(
-    lm, "loss_sums", lambda *a, **k: (loss_sums(*a, **k)[0] * jnp.nan, *loss_sums(*a, **k)[1:])
+  patch_experiment(
+    monkeypatch, lm, loss_sums=lambda *a, **k: (loss_sums(*a, **k)[0] * jnp.nan, *loss_sums(*a, **k)[1:])
   )
   monkeypatch.setattr(checked_programs, "folder", lambda: str(tmp_path / "checked"))
   with pytest.raises(NonFiniteFirstStep, match="not finite") as e:
