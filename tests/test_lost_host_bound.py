@@ -342,8 +342,10 @@ def test_a_two_process_job_killed_where_it_stands_loses_at_most_lost_steps_and_i
     time.sleep(float(rng.uniform(0, 0.1)))
     pauses.write_text(f"local=60@{worst}/p1")  # Read by the next run at its start.
     os.kill(_process_pid(job.proc.pid, victims[0]), 9)
-    seen = job.wait_for(f"[p1] pause: local {worst}", job.wait_for("[launch] restart", seen))
-    seen = job.wait_for(f"[p0] step {worst + EVERY}/", seen)
+    restart = job.wait_for("[launch] restart", seen)
+    job.wait_for(f"[p1] pause: local {worst}", restart)
+    # In either order: process 1 finished step k + 3 before it waited for copy k, so process 0 may too.
+    seen = job.wait_for(f"[p0] step {worst + EVERY}/", restart)
     pauses.write_text("")
     os.kill(_process_pid(job.proc.pid, 1), 9)
     seen = job.wait_for(f"[p0] step {third}/", job.wait_for("[launch] restart", seen))

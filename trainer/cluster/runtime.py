@@ -192,7 +192,7 @@ def exit_now_if_joined(code: int) -> None:
     os._exit(code)
 
 
-LEAVE_WAIT_S = 15.0
+LEAVE_WAIT_S = 5.0
 
 
 def _leave_last_if_coordinator() -> None:
