@@ -5,15 +5,14 @@ out of the batch statistics (`mask=`); in training the statistics couple the exa
 and the experiment says so (COUPLES_EXAMPLES). `install()` makes it the experiment `batchnorm`, with
 the ViT's keys."""
 
+import dataclasses
 import sys
 
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from experiments import vit_keys
-from experiments.vit import check_config, data_sources
-from trainer.experiment import Experiment
+from experiments import vit, vit_keys
 
 UNIT = "images"
 LOGICAL_AXES = {}
@@ -52,12 +51,12 @@ def loss_sums(model: ConvNet, batch, rng):
   return jnp.sum(xent * w), jnp.sum(w), {"accuracy": jnp.sum(correct * w)}
 
 
-EXPERIMENT = Experiment(
+# The ViT's experiment (its keys, checks and data) with this model and loss.
+EXPERIMENT = dataclasses.replace(
+  vit.EXPERIMENT,
   UNIT=UNIT,
   LOGICAL_AXES=LOGICAL_AXES,
-  check_config=check_config,
   build_model=build_model,
-  data_sources=data_sources,
   loss_sums=loss_sums,
   COUPLES_EXAMPLES=COUPLES_EXAMPLES,
 )
