@@ -315,7 +315,7 @@ KEYS = {
     keys.FREE,
     "Every N steps and before every checkpoint, compare checksums of every copy of each replicated array "
     "of the train state (trainer/checks/replicas.py); a device whose copy differs stops the run (exit 4)"
-    " before it saves. 0: never. About 6 ms per check for the smoke model on 8 logical CPU devices. The "
+    " before it saves. 0: never. The "
     "local tier then resumes only from a copy of a checked step.",
     program=False,
   ),
