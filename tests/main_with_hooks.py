@@ -9,6 +9,7 @@ experiment file; tests/test_fork.py does that):
 - the evaluator `probe` (every process, at each evaluation): the LM task scorer's log-likelihoods and
   greedy tokens (experiments/_lm_tasks.py) of fixed token ids, from the weights as the mesh holds them.
 - ERROR_LINE_LATE_S=S: process 1 finds its `error:` line S seconds after the others.
+- EXIT_LATE_S=S: process 1 exits S seconds after it says it is leaving (a loaded machine's delay).
 """
 
 import dataclasses
@@ -62,9 +63,22 @@ def _late_on_process_1(error_line, seconds: float):
   return late
 
 
+def _exit_late_on_process_1(exit, seconds: float):
+  """os._exit, S seconds late on process 1: process 0 must still be there when it comes."""
+
+  def late(code):
+    if jax.process_index() == 1:
+      time.sleep(seconds)
+    exit(code)
+
+  return late
+
+
 if __name__ == "__main__":  # Importing it (the test does, for `probe`) changes nothing.
   if late_s := float(os.environ.get("ERROR_LINE_LATE_S", 0)):
     failures.error_line = _late_on_process_1(failures.error_line, late_s)
+  if late_s := float(os.environ.get("EXIT_LATE_S", 0)):
+    os._exit = _exit_late_on_process_1(os._exit, late_s)
   lm.EXPERIMENT = dataclasses.replace(
     lm.EXPERIMENT,
     evaluators=lambda config: [Evaluator("probe", lambda ctx: probe(ctx.model(), ctx.config.data.seq_len))],

@@ -161,9 +161,10 @@ def test_two_processes_gather_for_process_0_and_stop_together_when_one_raises(tm
     "--config.checkpoint.local_every=0",
     "--config.eval_every=2",
   ]
-  # Process 1's line comes late: process 0, which hosts the coordination service, must wait for it to
-  # leave, or JAX aborts it first ("Terminating process because the JAX distributed service ...").
-  env = {**os.environ, "ERROR_LINE_LATE_S": "1.5"}
+  # Process 1's line comes late, and its exit after saying it leaves: process 0, which hosts the
+  # coordination service, must wait for both, or JAX aborts process 1 first ("Terminating process
+  # because the JAX distributed service ...").
+  env = {**os.environ, "ERROR_LINE_LATE_S": "1.5", "EXIT_LATE_S": "0.5"}
   result = subprocess.run(
     [*launcher, "--", *flags, f"--workdir={tmp_path}"],
     cwd=REPO,

@@ -193,6 +193,9 @@ def exit_now_if_joined(code: int) -> None:
 
 
 LEAVE_WAIT_S = 15.0
+# A peer that has said it is leaving is alive until its os._exit: were process 0 (and the service) gone
+# before then, JAX would abort it with a fatal log. Process 0 gives its peers this long to go.
+LEAVE_GRACE_S = 2.0
 
 
 def _leave_last_if_coordinator() -> None:
@@ -217,6 +220,7 @@ def _leave_last_if_coordinator() -> None:
       if left_ms <= 0:
         return
       client.blocking_key_value_get(f"leaving/{peer}", left_ms)
+    time.sleep(LEAVE_GRACE_S)
   except Exception:  # noqa: BLE001 - the service's deadline or a peer already gone: leave now.
     return
 
