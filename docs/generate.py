@@ -1,15 +1,17 @@
 """Writes the docs' reference pages from the code, so that they cannot drift from it: every config key
 from its declaration (trainer/config/trainer_keys.py, experiments/NAME_keys.py), the exit-code table
-(exit_codes.py) and the experiment contract (experiments/__init__.py). `make docs` runs it before
-mkdocs; the pages are not committed (a fork's own keys appear in its docs as it declares them), and
-tests/test_docs.py builds the docs with them.
+(exit_codes.py), the experiment contract (experiments/__init__.py) and every field a run writes
+(trainer/observe/fields.py). `make docs` runs it before mkdocs; the pages are not committed (a fork's
+own keys appear in its docs as it declares them), and tests/test_docs.py builds the docs with them.
 
-  python docs/generate.py [DIR]    # writes DIR (docs/reference) /{config,exit-codes,contract}.md
+  python docs/generate.py [DIR]    # writes DIR (docs/reference) /{config,exit-codes,contract,metrics}.md
 """
 
 import dataclasses
 import os
 import sys
+
+from markdown.extensions.toc import slugify
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -18,6 +20,7 @@ import exit_codes  # noqa: E402
 import experiments  # noqa: E402
 from trainer.config import trainer_keys  # noqa: E402
 from trainer.experiment import REQUIRED, Experiment  # noqa: E402
+from trainer.observe import fields  # noqa: E402
 
 OUT = os.path.join(REPO, "docs", "reference")
 GENERATED = "<!-- Written by docs/generate.py from the code: edit the declarations, not this page. -->"
@@ -117,7 +120,87 @@ def contract_page() -> str:
   return "\n".join(intro) + "\n"
 
 
-PAGES = {"config.md": config_page, "exit-codes.md": exit_codes_page, "contract.md": contract_page}
+def _title(kind: str) -> str:
+  """A kind's heading: its anchor is what the fields whose values it declares link to."""
+  rows = fields.ROWS[kind]
+  if not rows.file:
+    return f"`{kind}`"
+  if rows.event is not None:
+    where = "process " if rows.file == fields.PROCESS else ""
+    return f'`"event": "{rows.event}"` {where}rows'
+  return {"train": "Train rows", "eval": "Evaluation rows", "window": "Window rows"}.get(kind, "The summary")
+
+
+def _anchor(kind: str) -> str:
+  return "#" + slugify(_title(kind).replace("`", ""), "-")
+
+
+def _fields_table(declared) -> list[str]:
+  rows = ["| field | when | what it means |", "|---|---|---|"]
+  for f in declared:
+    doc = f.doc
+    if f.of:
+      doc += f" {'Each item' if f.each else 'Its keys'}: [{_title(f.of)}]({_anchor(f.of)})."
+    cells = [f"`{f.name}`", _cell(f.when or "always"), _cell(doc)]
+    rows.append(f"| {' | '.join(cells)} |")
+  return rows
+
+
+def _kind_section(kind: str) -> list[str]:
+  rows = fields.ROWS[kind]
+  lines = [f"### {_title(kind)}", "", rows.doc, "", *_fields_table(rows.fields)]
+  if rows.also:
+    when = f"when {rows.also_when}" if rows.also_when else "always"
+    also = f"[{_title(rows.also).lower()}]({_anchor(rows.also)})"
+    lines += ["", f"And, {when}: the fields of {also}, step and time excepted."]
+  return [*lines, ""]
+
+
+def metrics_page() -> str:
+  legend = ["| in a name | stands for |", "|---|---|"]
+  legend += [f"| `{name}` | {_cell(doc)} |" for name, doc in fields.PLACEHOLDERS.items()]
+  lines = [
+    "# Metrics a run writes",
+    "",
+    GENERATED,
+    "",
+    "Every field of `metrics.jsonl` (process 0), `processes/process_I.jsonl` (each process) and",
+    "`summary.json`, declared once in `trainer/observe/fields.py` with its meaning;",
+    "tests/test_metrics_reference.py trains a tiny run and checks that it writes these fields and no others.",
+    "Where the files are: [What a run writes](outputs.md). A row's `event` names its kind; a row without",
+    "one is a train or evaluation row (metrics.jsonl: a train row has `loss`) or a window's (a process's",
+    "file). A field marked `always` is in every row of its kind. Upper-case words in a name stand for",
+    "names the run chooses:",
+    "",
+    *legend,
+    "",
+  ]
+  for file in (fields.METRICS, fields.PROCESS, fields.SUMMARY, ""):
+    lines += [f"## `{file}`" if file else "## Nested values", ""]
+    for kind, rows in fields.ROWS.items():
+      if rows.file == file:
+        lines += _kind_section(kind)
+  lines += [
+    "## The experiments' metrics",
+    "",
+    "What `METRIC` stands for in the experiments of this tree: the metrics their `loss_sums` return, listed",
+    "in `EXPERIMENT_METRICS` (a fork's metrics are `METRIC`s too, listed there or not).",
+    "",
+  ]
+  for name in experiments.available():
+    own = fields.EXPERIMENT_METRICS.get(name)
+    lines += [f"### `{name}`", ""]
+    lines += _fields_table(own) if own else ["Its metrics are not listed in `EXPERIMENT_METRICS`."]
+    lines.append("")
+  return "\n".join(lines)
+
+
+PAGES = {
+  "config.md": config_page,
+  "exit-codes.md": exit_codes_page,
+  "contract.md": contract_page,
+  "metrics.md": metrics_page,
+}
 
 
 def main(out: str = OUT) -> None:
