@@ -58,7 +58,7 @@ def bare_step_time(config, steps: int) -> float:
 
   def step(params, opt_state, batch):
     grads = jax.grad(loss)(params, batch)
-    updates, opt_state = comp.tx.update(grads, opt_state, params)
+    updates, opt_state = comp.tx.update(grads, opt_state, params, steps=comp.steps)
     return optax.apply_updates(params, updates), opt_state
 
   shardings = (comp.shardings.params, comp.shardings.opt_state)

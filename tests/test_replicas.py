@@ -90,8 +90,8 @@ def _wrong_on(device):
     tx = comp.tx
     specs = jax.tree.leaves(comp.shardings.params)
 
-    def update(grads, opt_state, params):
-      updates, opt_state = tx.update(grads, opt_state, params)
+    def update(grads, opt_state, params, **extra_args):
+      updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
       leaves, treedef = jax.tree_util.tree_flatten(updates)
       i = next(i for i, s in enumerate(specs) if any(s.spec))  # Sharded: no copy on another device.
       delta = np.zeros(leaves[i].shape, leaves[i].dtype)
@@ -100,7 +100,9 @@ def _wrong_on(device):
       leaves[i] = leaves[i] + delta
       return jax.tree_util.tree_unflatten(treedef, leaves), opt_state
 
-    return real(dataclasses.replace(comp, tx=optax.GradientTransformation(tx.init, update)), microbatches)
+    return real(
+      dataclasses.replace(comp, tx=optax.GradientTransformationExtraArgs(tx.init, update)), microbatches
+    )
 
   return make
 

@@ -24,7 +24,7 @@ from trainer import state as state_lib
 from trainer.config import assemble
 from trainer.config import rules as config_rules
 from trainer.experiment import Experiment
-from trainer.optimizer import make_optimizer
+from trainer.optimizer import learning_rate, make_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +35,9 @@ class Components:
   sources: DataSources | None  # None when built without data (inspect, from example_batch).
   plan: BatchPlan | None  # Train order.
   eval_plan: BatchPlan | None  # Held-out order (not shuffled).
-  tx: optax.GradientTransformation
-  schedule: optax.Schedule
+  tx: optax.GradientTransformationExtraArgs  # Its update takes steps=config.steps.
+  learning_rate: Callable  # (count, steps) -> the rate of the update that completes step count + 1.
+  steps: int  # config.steps: an argument of the train step, not a constant in it.
   mdef: state_lib.ModelDef
   shardings: state_lib.TrainState  # NamedSharding per leaf.
   batch_sharding: NamedSharding
@@ -113,7 +114,7 @@ def build(config, devices=None, with_data: bool = True) -> Components:
       f"warning: mesh.expert={mesh.shape['expert']} but no parameter of this model is split over it (no "
       "experts): the expert axis only splits the batch, as data would"
     )
-  tx, schedule = make_optimizer(config.optimizer, config.steps, mdef.logical_specs)
+  tx = make_optimizer(config.optimizer, mdef.logical_specs)
   try:
     s = config.sharding
     ema = config.ema.decay > 0
@@ -130,7 +131,8 @@ def build(config, devices=None, with_data: bool = True) -> Components:
     plan=BatchPlan(len(sources.train), b, config.seed) if sources else None,
     eval_plan=BatchPlan(max(len(sources.eval), 1), b, config.seed, shuffle=False) if sources else None,
     tx=tx,
-    schedule=schedule,
+    learning_rate=functools.partial(learning_rate, config.optimizer),
+    steps=config.steps,
     mdef=mdef,
     shardings=shardings,
     batch_sharding=mesh_lib.batch_sharding(mesh, rules),

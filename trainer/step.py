@@ -89,9 +89,31 @@ def _split_microbatches(batch, m: int):
   return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1), batch)
 
 
+class _StepsBound:
+  """A jitted train step, its lowering or its compiled program, with the run's length given as its
+  last argument: called, lowered and compiled as `(state, batch)`; anything else is the wrapped one's."""
+
+  def __init__(self, wrapped, steps):
+    self._wrapped, self._steps = wrapped, steps
+
+  def __call__(self, state, batch):
+    return self._wrapped(state, batch, self._steps)
+
+  def lower(self, state, batch):
+    return _StepsBound(self._wrapped.lower(state, batch, self._steps), self._steps)
+
+  def compile(self):
+    return _StepsBound(self._wrapped.compile(), self._steps)
+
+  def __getattr__(self, name):
+    return getattr(self._wrapped, name)
+
+
 def make_train_step(comp, microbatches: int, with_grads: bool = False):
   """jit(train_step) on comp's shardings; the state is donated. `with_grads` also returns the
   divided, unclipped gradients and the params' update (for --mode=verify and checks.first_step).
+  The run's length (comp.steps) is an argument of the program, not a constant in it: runs that differ
+  only in `steps` share their compiled programs (and the persistent cache's).
 
   The variables (BatchNorm's running statistics, say) go through the microbatches in order: each
   microbatch's forward pass starts from what the one before it left, as consecutive steps would."""
@@ -99,7 +121,7 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
   # [m, B/m, ...]: each microbatch is split over the batch axes like a whole batch.
   micro_sharding = NamedSharding(comp.mesh, P(None, *comp.batch_sharding.spec))
 
-  def train_step(state: TrainState, batch):
+  def train_step(state: TrainState, batch, steps):
     b = jax.tree.leaves(batch)[0].shape[0]
     rng = jax.lax.with_sharding_constraint(example_keys(state.rng, state.step, b), comp.batch_sharding)
     grads_of = lambda v, mb, r: sums_and_grads(loss_sums, mdef, state.params, v, mb, r, rules)
@@ -122,7 +144,7 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
       )
     # Divide once, by the global count (the host has rejected a globally empty batch).
     grads = jax.tree.map(lambda g: g / count, grad_sums)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, steps=steps)
     params = optax.apply_updates(state.params, updates)
     # Not debiased: the average starts at the initial params (trainer/state.py).
     average = lambda e, p: decay * e + (1 - decay) * p.astype(e.dtype)
@@ -135,7 +157,7 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
       # The divided gradients' norm is finite only if every summed gradient is and the count is not 0
       # (0 divides 0 by 0: the parameters would turn NaN while the sums stay finite).
       "finite": jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm) & (count > 0),
-      "learning_rate": comp.schedule(state.step),
+      "learning_rate": comp.learning_rate(state.step, steps),
       **{k: v / count for k, v in metric_sums.items()},
     }
     if with_grads:
@@ -146,12 +168,13 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
     )
     return new_state, metrics
 
-  return jax.jit(
+  jitted = jax.jit(
     train_step,
-    in_shardings=(comp.shardings, comp.batch_sharding),
+    in_shardings=(comp.shardings, comp.batch_sharding, NamedSharding(comp.mesh, P())),
     out_shardings=(comp.shardings, None),
     donate_argnums=0,
   )
+  return _StepsBound(jitted, jax.device_put(jnp.int32(comp.steps), NamedSharding(comp.mesh, P())))
 
 
 def make_eval_step(comp):

@@ -83,7 +83,7 @@ def _restore(manager, workdir: str, step: int | None):
   config = _config_from_json(saved)
   experiment = components.load_experiment(config)
   mdef = state_lib.model_def(functools.partial(experiment.build_model, config))
-  tx, _ = make_optimizer(config.optimizer, config.steps, mdef.logical_specs)
+  tx = make_optimizer(config.optimizer, mdef.logical_specs)
   here = SingleDeviceSharding(jax.local_devices()[0])
   shapes = state_lib.abstract_shapes(mdef, tx, config.ema.decay > 0)
   target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=here), shapes)

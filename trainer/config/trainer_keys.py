@@ -77,7 +77,8 @@ KEYS = {
     "($XDG_CACHE_HOME or ~/.cache, then jax-template/compilation; JAX's keys hold the program, the jax "
     "version, the devices and XLA flags, so anything else misses); 'workdir': WORKDIR/compilation_cache; "
     "'off': none; else a directory. At most 8 GiB, least recently used first out. "
-    "JAX_COMPILATION_CACHE_DIR in the environment, if set, wins. A changed `steps` (the schedule) misses.",
+    "JAX_COMPILATION_CACHE_DIR in the environment, if set, wins. A changed `steps` hits: the run's length "
+    "is an argument of the train step.",
     program=False,
   ),
   "mesh.data": Key(
