@@ -18,6 +18,7 @@ sys.path.insert(0, REPO)
 
 import exit_codes  # noqa: E402
 import experiments  # noqa: E402
+from trainer import experiment as experiment_lib  # noqa: E402
 from trainer.config import trainer_keys  # noqa: E402
 from trainer.experiment import REQUIRED, Experiment  # noqa: E402
 from trainer.observe import fields  # noqa: E402
@@ -183,14 +184,14 @@ def metrics_page() -> str:
   lines += [
     "## The experiments' metrics",
     "",
-    "What `METRIC` stands for in the experiments of this tree: the metrics their `loss_sums` return, listed",
-    "in `EXPERIMENT_METRICS` (a fork's metrics are `METRIC`s too, listed there or not).",
+    "What `METRIC` stands for in the experiments of this tree: the metrics their `loss_sums` return, as",
+    "their `METRICS` declare them (a fork's metrics are `METRIC`s too, declared or not).",
     "",
   ]
   for name in experiments.available():
-    own = fields.EXPERIMENT_METRICS.get(name)
+    own = experiment_lib.load(name).METRICS
     lines += [f"### `{name}`", ""]
-    lines += _fields_table(own) if own else ["Its metrics are not listed in `EXPERIMENT_METRICS`."]
+    lines += _fields_table(own) if own else ["It declares no METRICS."]
     lines.append("")
   return "\n".join(lines)
 

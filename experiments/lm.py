@@ -4,7 +4,6 @@ Data: `data.source='synthetic'`, a seeded order-1 Markov chain whose entropy rat
 (data/synthetic.py), or `'arrayrecord'`, token records written by `python -m data.prepare`
 (data/arrayrecord.py). A record is {'tokens': int32[seq_len + 1]}; make_batch shifts it into inputs
 and targets, masks pad targets and, with packing, separates documents.
-The experiment contract this module fulfils is in experiments/__init__.py.
 """
 
 import dataclasses
@@ -21,14 +20,14 @@ from data import synthetic
 from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
 from experiments._lm_costs import inspect_notes, model_flops_per_example, routed_bytes_per_example
+from experiments._lm_metrics import METRICS
 from model import hf_llama, hf_read, losses, splash
 from model.layers import RopeScaling
 from model.transformer import Decoder, DecoderConfig
 from trainer.experiment import Experiment
 
 UNIT = "tokens"
-# The decoder's own logical axes: the vocabulary is split like the MLP's hidden dimension (over the
-# tensor axis under fsdp_tp).
+# The decoder's own logical axes: the vocabulary split like the MLP's hidden dimension (tensor, fsdp_tp).
 LOGICAL_AXES = {"vocab": "mlp", "act_vocab": "act_mlp"}
 
 
@@ -392,6 +391,7 @@ EXPERIMENT = Experiment(
   open_pretrained=open_pretrained,
   EXTENDABLE_KEYS=EXTENDABLE_KEYS,
   EXPORT_FORMATS=EXPORT_FORMATS,
+  METRICS=METRICS,
   example_batch=example_batch,
   model_flops_per_example=model_flops_per_example,
   routed_bytes_per_example=routed_bytes_per_example,

@@ -18,6 +18,7 @@ from data.sources import DataSources, recipe_fingerprint
 from errors import UserError
 from model.vit import ViT
 from trainer.experiment import Experiment
+from trainer.observe.fields import Field
 
 UNIT = "images"
 # The ViT's own logical axes, all replicated: pixels of a patch, patch positions, classes.
@@ -82,4 +83,5 @@ EXPERIMENT = Experiment(
   build_model=build_model,
   data_sources=data_sources,
   loss_sums=loss_sums,
+  METRICS=(Field("accuracy", "The share of valid images classified correctly."),),
 )

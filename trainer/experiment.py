@@ -95,6 +95,11 @@ class Experiment:
     "(the LM: 'hf', a directory transformers loads).",
     factory=dict,
   )
+  METRICS: tuple = _part(
+    "The metrics loss_sums returns, each a trainer.observe.fields.Field (name, meaning, when it is "
+    "written): docs/reference/metrics.md lists them.",
+    (),
+  )
   example_batch: Callable | None = _part(
     "example_batch(config) -> {name: np.ndarray}: one row shaped and typed as make_batch's, from the "
     "config alone: --mode=inspect compiles from it without opening the data.",

@@ -3,14 +3,13 @@ of each processes/process_I.jsonl, and summary.json. `make docs` writes docs/ref
 it (docs/generate.py); tests/test_metrics_reference.py trains a tiny run and checks what it wrote
 against it both ways, so a field added to a row without its line here fails there.
 
-A name's upper-case words stand for names the run chooses (PLACEHOLDERS): `valid_UNIT` is the LM's
-`valid_tokens`. A field with a `when` is written only then; the others are in every row of their
-kind. Needs no JAX (the docs build imports it).
+A name's upper-case words stand for names the run chooses (PLACEHOLDERS): `valid_UNIT` is `valid_`
+and the experiment's UNIT. A field with a `when` is written only then; the others are in every row of
+their kind. An experiment declares its own metrics (what METRIC stands for) as Fields in its METRICS.
+Needs no JAX (the docs build imports it).
 """
 
 import dataclasses
-import itertools
-import re
 
 from trainer.observe.collectives import KINDS
 
@@ -37,8 +36,8 @@ class Rows:
 
 
 PLACEHOLDERS = {
-  "UNIT": "What the loss's count counts, the experiment's UNIT: `tokens` (the LM), `images` (the ViT).",
-  "METRIC": "Each metric the experiment's loss_sums returns (EXPERIMENT_METRICS: the ones in this tree).",
+  "UNIT": "What the loss's count counts: the experiment's UNIT.",
+  "METRIC": "Each metric the experiment's loss_sums returns (its METRICS declare them).",
   "SET": "A weight set evaluation scores beside the params: `ema` (ema.decay > 0), or a name the "
   "experiment's eval_weights gives.",
   "NAME": "A named held-out set, the experiment's eval_sets (the LM: each data set of a mixture, by name).",
@@ -47,7 +46,7 @@ PLACEHOLDERS = {
   "HOOK": "A hook, by its name (the experiment's hooks; trainer/hooks.py).",
   "KEY": "A key a hook wrote through ctx.writer.",
   "KIND": "A collective kind: " + ", ".join(f"`{k}`" for k in KINDS) + ".",
-  "NN": "An expert's number, two digits (`00`).",
+  "NN": "A number, two digits (`00`), in an experiment's metric's name.",
 }
 # Placeholders whose names the trainer fixes: no run has others.
 FIXED = {"KIND": KINDS}
@@ -370,94 +369,3 @@ ROWS = {
     ),
   ),
 }
-
-# What METRIC stands for in the experiments in this tree (their loss_sums); a fork may list its own.
-EXPERIMENT_METRICS = {
-  "lm": (
-    Field("accuracy", "The share of valid tokens whose target has the highest logit (ties count as right)."),
-    Field("xent", "The cross-entropy alone.", "model.z_loss > 0 (in training), or a mixture of experts"),
-    Field("z_loss", "The z-loss term alone.", "model.z_loss > 0, in training"),
-    Field("moe_balance", "The load-balancing loss, per token (1.0 when balanced).", "a mixture of experts"),
-    Field("router_z", "The router's z-loss, per token.", "a mixture of experts"),
-    Field("router_entropy", "The router's entropy, nats per token.", "a mixture of experts"),
-    Field("moe_dropped", "The share of expert assignments dropped (over capacity).", "a mixture of experts"),
-    Field(
-      "expert_load_NN",
-      "Expert NN's share of the assignments (1 / num_experts when balanced).",
-      "a mixture of experts",
-    ),
-    Field("share_NAME", "Data set NAME's share of the valid tokens.", "data.source=mixture"),
-  ),
-  "vit": (Field("accuracy", "The share of valid images classified correctly."),),
-}
-
-
-def kind(file: str, row: dict) -> str | None:
-  """Which of ROWS a row of `file` is: by its event; without one, a train row (it has a loss) or an
-  evaluation's in metrics.jsonl, a window's in a process's file. None: no declared kind."""
-  event = row.get("event")
-  if event is not None:
-    return next((k for k, r in ROWS.items() if r.file == file and r.event == event), None)
-  if file == METRICS:
-    return "train" if "loss" in row else "eval"
-  return {PROCESS: "window", SUMMARY: "summary"}.get(file)
-
-
-def fields(kind: str, with_also: bool = True) -> tuple[Field, ...]:
-  rows = ROWS[kind]
-  if not rows.also or not with_also:
-    return rows.fields
-  return rows.fields + tuple(f for f in ROWS[rows.also].fields if f.name not in ("step", "time"))
-
-
-def _values(placeholder: str, names: dict) -> tuple[str, ...]:
-  return tuple(FIXED.get(placeholder, names.get(placeholder, ())))
-
-
-def expand(name: str, names: dict) -> list[str]:
-  """Every key a field's name stands for, given `names` {placeholder: the run's names}; a placeholder
-  without names stands for none."""
-  parts = re.split(r"([A-Z]+)", name)
-  choices = [[p] if i % 2 == 0 else _values(p, names) for i, p in enumerate(parts)]
-  return ["".join(c) for c in itertools.product(*choices)]
-
-
-def field_for(kind: str, key: str, names: dict) -> Field | None:
-  """The field of `kind` that declares `key`, or None."""
-  return next((f for f in fields(kind) if key in expand(f.name, names)), None)
-
-
-def _items(f: Field, value) -> list:
-  if not f.of or value is None:
-    return []
-  if not f.each:
-    return [value]
-  return list(value.values()) if isinstance(value, dict) else list(value)
-
-
-def walk(kind: str, row: dict, names: dict, path: str = ""):
-  """(key, its field or None) for every key of a `kind` row, a nested value's as FIELD.KEY."""
-  for key, value in row.items():
-    f = field_for(kind, key, names)
-    yield path + key, f
-    for item in _items(f, value) if f is not None else ():
-      yield from walk(f.of, item, names, f"{path}{key}.")
-
-
-def undeclared(kind: str, row: dict, names: dict) -> list[str]:
-  """The keys of a `kind` row that no field declares (a nested value's as FIELD.KEY)."""
-  return [key for key, f in walk(kind, row, names) if f is None]
-
-
-def missing(kind: str, row: dict, names: dict) -> list[str]:
-  """The keys of the fields every `kind` row has (no `when`) that this one lacks (nested: FIELD.KEY)."""
-  always = [f for f in fields(kind, with_also=not ROWS[kind].also_when) if not f.when]
-  out = []
-  for f in always:
-    for key in expand(f.name, names):
-      if key not in row:
-        out.append(key)
-        continue
-      for item in _items(f, row[key]):
-        out += [f"{key}.{k}" for k in missing(f.of, item, names)]
-  return out
