@@ -10,12 +10,14 @@ Hardware: one host of 8 GPUs (80 GB class) or more; FSDP over every GPU (mesh.fs
 across hosts if mesh.dcn_data is set to the number of hosts.
 Model: d_model 768, 12 scanned layers, 12 query / 4 key-value heads of 64, SwiGLU 2048, RoPE, bf16
 compute with fp32 params, vocabulary 32,768, untied (76M parameters with the 512 of byte-level data).
-Expect: per device on 8 devices (an estimate, from an ahead-of-time compile on 8 logical CPUs with
-einsum attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
-gathers prefetch): params 63.0 MB + optimizer 126.0 MB, compiled step 33.0 GB on jax 0.12.0.1
-(arguments 0.19 GB, temporaries 32.6 GB: the einsum holds [32, 12, 2048, 2048] scores that
-cuDNN's kernel does not; and a second state for the recompute check).
-Nothing measured on GPUs yet. Check placement and memory first, on a laptop (inspect opens no data):
+Expect: per device on 8 devices, params, optimizer state and a compiled step that fit an 80 GB GPU
+(an estimate, from an ahead-of-time compile on 8 logical CPUs with einsum attention, which holds the
+[32, 12, 2048, 2048] scores that cuDNN's kernel does not, the step with a second state for the
+recompute check; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
+gathers prefetch). Figures: docs/results.md, 'The recipes: memory and throughput'. Not yet run on its
+8 GPUs; its model ran on one H200 and one TPU v5e chip (docs/results.md, 'One NVIDIA H200,
+2026-12-04' and 'One TPU v5e chip, 2026-12-07'). Check placement and memory first, on a laptop
+(inspect opens no data):
   python main.py --config=configs/lm_125m.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=8
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
 (`--config=configs/lm_125m.py:tiny`); short arguments combine, e.g. `:tiny,fsdp=4`.
@@ -56,9 +58,9 @@ def get_config(arg=None):
   c.optimizer.warmup_steps = 1_000
   c.checkpoint.every = 1_000
   c.checks.replica_every = 500  # And before every save: a device that computes wrong stops the run.
-  c.checks.recompute_every = 500  # Where nothing is replicated (FSDP): 1.1-1.2 steps per check.
-  # On GPUs it needs deterministic kernels (main.py sets them): 0.742x lm_125m's speed on one H200;
-  # 0 keeps XLA's defaults (docs/guides/first-gpu.md).
+  c.checks.recompute_every = 500  # Nothing replicated (FSDP); cost: docs/results.md, 'Integrity checks'.
+  # On GPUs it needs deterministic kernels (main.py sets them), which are slower (docs/results.md, 'One
+  # NVIDIA H200, 2026-12-04'); 0 keeps XLA's defaults (docs/guides/first-gpu.md).
   c.checkpoint.keep_every = 5_000
   c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.step_timeout_s = 600.0

@@ -12,11 +12,11 @@ Model: d_model 2048, 16 scanned layers, 32 query / 8 key-value heads of 64, SwiG
 500k with Llama 3's scaling (factor 32), RMSNorm epsilon 1e-5, vocabulary 128,256, tied embeddings
 looked up unscaled, bf16 compute with fp32 params; the loss takes the logits
 512 positions at a time (model.loss_chunk), never [batch, 2048, 128256] float32 at once.
-Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
-einsum attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
-gathers prefetch): params 77.5 MB + optimizer 155.0 MB (total/64: 77.2 + 154.5; the norm scales
-stay whole), compiled step 15.5 GB (arguments 0.23 GB, temporaries 15.0 GB, a second state for the
-recompute check; jax 0.12.0.1). Tokens/s and MFU on
+Expect: per device on 64 devices, params and optimizer state (a 64th of the total, and the norm
+scales, which stay whole) and a compiled step well within an 80 GB GPU (an estimate, from an
+ahead-of-time compile on 64 logical CPUs with einsum attention, the step with a second state for the
+recompute check; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
+gathers prefetch). Figures: docs/results.md, 'The recipes: memory and throughput'. Throughput on
 GPUs: not measured yet. Inspect:
   python main.py --config=configs/lm_1b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
@@ -66,9 +66,9 @@ def get_config(arg=None):
   c.optimizer.warmup_steps = 2_000
   c.checkpoint.every = 1_000
   c.checks.replica_every = 500  # And before every save: a device that computes wrong stops the run.
-  c.checks.recompute_every = 500  # Where nothing is replicated (FSDP): 1.1-1.2 steps per check.
-  # On GPUs it needs deterministic kernels (main.py sets them): 0.742x lm_125m's speed on one H200;
-  # 0 keeps XLA's defaults (docs/guides/first-gpu.md).
+  c.checks.recompute_every = 500  # Nothing replicated (FSDP); cost: docs/results.md, 'Integrity checks'.
+  # On GPUs it needs deterministic kernels (main.py sets them), which are slower (docs/results.md, 'One
+  # NVIDIA H200, 2026-12-04'); 0 keeps XLA's defaults (docs/guides/first-gpu.md).
   c.checkpoint.keep_every = 10_000
   c.checkpoint.on_nonfinite = "rollback"
   c.watchdog.compile_timeout_s = 1_200.0

@@ -12,12 +12,12 @@ Model: d_model 4096, 32 scanned layers, 32 query / 8 key-value heads of 128, Swi
 500k with Llama 3's scaling (factor 8), RMSNorm epsilon 1e-5, vocabulary 128,256, untied, bf16
 compute with fp32 params, full remat (each layer's input kept, the rest recomputed), the loss taking
 the logits 256 positions at a time.
-Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
-einsum attention; GPUs add NCCL and cuDNN buffers and the weights launch/gpu_flags.py's pipelined
-gathers prefetch): params 0.50 GB + optimizer 1.01 GB, compiled step 40.7 GB on jax 0.12.0.1
-(arguments 1.5 GB, temporaries 37.7 GB, a second state for the recompute check), under an H100's
-80 GB. Nothing measured on GPUs yet.
-Inspect (about 8 s on 2 cores; no parameter is allocated):
+Expect: per device on 64 devices, params, optimizer state and a compiled step under an H100's 80 GB
+(an estimate, from an ahead-of-time compile on 64 logical CPUs with einsum attention, the step with a
+second state for the recompute check; GPUs add NCCL and cuDNN buffers and the weights
+launch/gpu_flags.py's pipelined gathers prefetch). Figures: docs/results.md, 'The recipes: memory and
+throughput'. Nothing measured on GPUs yet.
+Inspect (quick on a laptop: no parameter is allocated):
   python main.py --config=configs/lm_8b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
 (`--config=configs/lm_8b.py:tiny`); short arguments combine, e.g. `:tiny,fsdp=4`.
@@ -40,9 +40,9 @@ def get_config(arg=None):
   c.model.rope_llama3_factor = 8.0  # lm_1b's other RoPE and norm settings are Llama 3.1's too.
   c.model.loss_chunk = 256
   c.checkpoint.every = 500
-  c.checks.recompute_every = 500  # Pure FSDP: no copies to compare; 1.1-1.2 steps per check.
-  # On GPUs it needs deterministic kernels (main.py sets them): 0.742x lm_125m's speed on one H200;
-  # 0 keeps XLA's defaults (docs/guides/first-gpu.md).
+  c.checks.recompute_every = 500  # Pure FSDP: nothing to compare; cost: docs/results.md, 'Integrity checks'.
+  # On GPUs it needs deterministic kernels (main.py sets them), which are slower (docs/results.md, 'One
+  # NVIDIA H200, 2026-12-04'); 0 keeps XLA's defaults (docs/guides/first-gpu.md).
   c.watchdog.restore_timeout_s = 1_800.0
   c.watchdog.compile_timeout_s = 1_800.0
   c.watchdog.step_timeout_s = 900.0

@@ -7,9 +7,9 @@ Hardware: 8 logical CPU devices (fsdp=8), as MaxText's `hardware=cpu ici_fsdp_pa
 Model: Llama-style, d_model 128, 2 layers, 4 query and 4 key-value heads of 32, SwiGLU 512, vocabulary
 1024, sequence 128, global batch 8 (MaxText's per_device_batch_size=1 on 8 devices), bf16 compute
 with fp32 params, AdamW; data: the synthetic Markov chain (MaxText: its synthetic data set).
-Expect (jax 0.12.0.1, 8 logical CPU devices on 2 idle cores, medians of 3 rounds): about 73 ms per
-step, 14,000 tokens/s: 1.41x MaxText 0.2.5's defaults and 1.56x MaxText run as this runs; 60 steps
-end at loss 7.0344. Logical CPU devices say nothing about interconnect speed.
+Expect: more tokens/s than MaxText 0.2.5 on the same shapes, both with its defaults and run as this
+runs (medians of interleaved rounds). Measured, with the loss 60 steps end at: docs/results.md,
+'Against MaxText and a bare loop'. Logical CPU devices say nothing about interconnect speed.
 Arguments: `:tiny` shrinks it to a 2-step pulse (`--config=configs/lm_mt_peer.py:tiny`).
 """
 

@@ -12,9 +12,10 @@ of key/value chunks.
 Model: Llama-style, d_model 128, 2 layers, 4 query and 4 key-value heads of 32, SwiGLU 512, vocabulary
 1024, sequence 2,048, global batch 2 (4,096 tokens per step), bf16 compute with fp32 params, AdamW;
 data: the synthetic Markov chain (MaxText: its synthetic data set).
-Expect (jax 0.12.0.1, 8 logical CPU devices on 2 shared cores): about 651 ms per step, 6,292 tokens/s:
-3.06x MaxText 0.2.5 with its defaults and 3.35x run as this runs (benchmarks/maxtext_peer.py --context).
-Logical CPU devices say nothing about interconnect speed.
+Expect: more tokens/s than MaxText 0.2.5's context parallelism on the same shapes, both with its
+defaults and run as this runs (benchmarks/maxtext_peer.py --context; MaxText's ring is refused on CPU,
+so it runs its all_gather). Measured: docs/results.md, 'Long sequences'. Logical CPU devices say
+nothing about interconnect speed.
 Arguments: `:tiny` shrinks it to a 2-step pulse (`--config=configs/long_mt_peer.py:tiny`).
 """
 

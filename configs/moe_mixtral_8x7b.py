@@ -17,16 +17,16 @@ z-loss 0.001; RoPE base 1e6, RMSNorm epsilon 1e-5, vocabulary 32,000, untied, bf
 params, full remat, the loss taking the logits 512 positions at a time. A fine-tune of Mixtral's own
 weights should route as Mixtral did (model.moe.capacity_factor >= 4, i.e. experts / top_k, or
 routing=dropless on one expert shard): capacity 1.25 drops tokens Mixtral's router sends.
-Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
-einsum attention; GPUs add NCCL and cuDNN buffers): params 3.62 GB + optimizer 7.24 GB (each expert's
-weights over fsdp 8 on its expert's devices), compiled step 59.4 GB on jax 0.12.0.1 (arguments 10.9 GB,
-temporaries 37.7 GB, a second state for the recompute check), under an H100's 80 GB. Model FLOPs
-8.7e16 per step (active parameters only). The routed tokens' all-to-alls send 113 GB per device per
-step, 3.00x the minimum of a forward and a backward pass: full remat runs the forward's two again (6
-per layer, not 4), and XLA:CPU converts bfloat16 all-to-alls to float32 (a GPU moves bfloat16).
-Parameter traffic: 1.46x the FSDP minimum (XLA:CPU all-reduces where a reduce-scatter would do).
-Nothing measured on GPUs yet.
-Inspect (about 12 s on 2 cores; no parameter is allocated):
+Expect: per device on 64 devices, params, optimizer state (each expert's weights over fsdp 8 on its
+expert's devices) and a compiled step under an H100's 80 GB (an estimate, from an ahead-of-time
+compile on 64 logical CPUs with einsum attention, the step with a second state for the recompute
+check; GPUs add NCCL and cuDNN buffers). Inspect also counts the model FLOPs (active parameters only)
+and the routed tokens' all-to-all bytes, more than the minimum of a forward and a backward pass: full
+remat runs the forward's two again (6 per layer, not 4), and XLA:CPU converts bfloat16 all-to-alls to
+float32 (a GPU moves bfloat16); parameter traffic is above the FSDP minimum too (XLA:CPU all-reduces
+where a reduce-scatter would do). Figures: docs/results.md, 'The recipes: memory and throughput' and
+'Mixtures of experts'. Nothing measured on GPUs yet.
+Inspect (quick on a laptop: no parameter is allocated):
   python main.py --config=configs/moe_mixtral_8x7b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
 (`--config=configs/moe_mixtral_8x7b.py:tiny`: expert 8 still); short arguments combine, e.g. `:tiny,expert=2`.

@@ -16,14 +16,14 @@ sequence), router z-loss 0.001; RoPE base 1e6, RMSNorm epsilon 1e-6, vocabulary 
 compute with fp32 params, full remat, the loss taking the logits 256 positions at a time. A fine-tune
 of Qwen3's own weights should route as it did (model.moe.capacity_factor >= 16, i.e. experts / top_k,
 or routing=dropless on one expert shard): capacity 1.25 drops tokens its router sends.
-Expect: per device on 64 devices (an estimate, from an ahead-of-time compile on 64 logical CPUs with
-einsum attention; GPUs add NCCL and cuDNN buffers): params 2.58 GB + optimizer 5.17 GB, compiled step
-53.2 GB on jax 0.12.0.1 (arguments 7.8 GB, temporaries 37.7 GB, a second state for the recompute
-check), under an H100's 80 GB. Model FLOPs 2.9e16 per step (active parameters only). The routed
-tokens' all-to-alls send 338 GB per device per step (128 experts x 320 slots x 2048 per sequence and
-layer), 3.00x the minimum of a forward and a backward pass for the same reasons as Mixtral's
-(configs/moe_mixtral_8x7b.py); parameter traffic 2.26x the FSDP minimum. Nothing measured on GPUs yet.
-Inspect (about 10 s on 2 cores; no parameter is allocated):
+Expect: per device on 64 devices, params, optimizer state and a compiled step under an H100's 80 GB
+(an estimate, from an ahead-of-time compile on 64 logical CPUs with einsum attention, the step with a
+second state for the recompute check; GPUs add NCCL and cuDNN buffers). The routed tokens' all-to-alls
+(128 experts x 320 slots per sequence and layer) send more than the minimum of a forward and a
+backward pass, and parameter traffic is above the FSDP minimum, for the same reasons as Mixtral's
+(configs/moe_mixtral_8x7b.py). Figures: docs/results.md, 'The recipes: memory and throughput' and
+'Mixtures of experts'. Nothing measured on GPUs yet.
+Inspect (quick on a laptop: no parameter is allocated):
   python main.py --config=configs/moe_qwen3_30b_a3b.py --workdir=/tmp/inspect --mode=inspect --cpu_devices=64
 Arguments: `:tiny` shrinks it to a 2-step pulse on synthetic data that runs on 8 logical CPU devices
 (`--config=configs/moe_qwen3_30b_a3b.py:tiny`: 128 experts, expert 8 still); short arguments combine,

@@ -7,11 +7,10 @@ Hardware: 8 logical CPU devices (a laptop, or CI's 2 cores); mesh data=2, fsdp=2
 is split over all three, each device holds 4 of the 8 experts, and tokens reach theirs by all-to-all.
 Model: the smoke decoder (d_model 128, 2 layers) with each MLP a mixture of 8 SwiGLU experts of width
 128, 2 per token, capacity routing (factor 1.25), balance loss 0.01, router z-loss 0.001.
-Expect: about 1.5 minutes on 2 cores (1m36s measured, 95 s of it training). The final eval loss ends
-within 0.15 nats of the Markov chain's entropy rate (the printed floor; measured 3.056 against 3.022,
-gap +0.05); every logged expert_load_NN stays within 0.125 +- 0.05 (1/8 each when balanced; measured
-0.093-0.155 over the run, 0.115-0.134 in the final eval) and moe_dropped below 5% (measured at most
-1.5%, 0.7% at the end). Logical CPU devices say nothing about interconnect speed.
+Expect: a couple of minutes on 2 cores. The final eval loss ends within 0.15 nats of the Markov
+chain's entropy rate (the printed floor); every logged expert_load_NN stays within 0.125 +- 0.05 (1/8
+each when balanced) and moe_dropped below 5%. Measured: docs/results.md, 'Mixtures of experts'.
+Logical CPU devices say nothing about interconnect speed.
 Arguments: `:tiny` shrinks it to a 2-step pulse; short arguments combine, e.g. `:tiny,expert=4`.
 """
 

@@ -3,9 +3,10 @@
 Recipe:
   python main.py --config=configs/smoke_cpu.py --workdir=runs/smoke --cpu_devices=8
 Hardware: 8 logical CPU devices (a laptop, or CI's 2 cores); mesh data=2, fsdp=2, tensor=2.
-Expect: about 2 minutes on 2 cores. A tiny Llama-style decoder learns a seeded order-1 Markov
+Expect: a couple of minutes on 2 cores. A tiny Llama-style decoder learns a seeded order-1 Markov
 chain; the final train loss ends within 0.15 nats of the chain's entropy rate, which the run prints
-as the floor. Logical CPU devices say nothing about interconnect speed.
+as the floor. Measured: docs/results.md, 'The recipes: memory and throughput'. Logical CPU devices
+say nothing about interconnect speed.
 Arguments: `:tiny` shrinks it to a 2-step pulse (a 1-layer model, 16 tokens per example); short
 arguments combine, e.g. `--config=configs/smoke_cpu.py:tiny,fsdp=8` (see trainer/config/assemble.py).
 """

@@ -202,8 +202,8 @@ def _leave_last_if_coordinator() -> None:
   """Process 0 hosts the coordination service: once it is gone, JAX aborts every other process at
   once, and a peer that was about to print its own `error:` line of a stop they all agreed on (a
   fork's hook that raised, say) never did. So each other process says it is leaving, and process 0
-  waits for them, LEAVE_WAIT_S at most: peers stuck in a collective are ended as before. On the
-  suite's loaded 2 cores a peer took more than 5 s to get there; a dead peer costs the wait in full."""
+  waits for them, LEAVE_WAIT_S at most: peers stuck in a collective are ended as before. A loaded
+  machine can take seconds to get a peer there; a dead peer costs the wait in full."""
   client = distributed.global_state.client
   if client is None or jax.process_count() == 1:
     return
