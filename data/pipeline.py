@@ -184,7 +184,9 @@ def local_batch_iterator(
   ds = grain.MapDataset.range(start, stop).map(_Numbered(local_batches))
   if threads == 0 and workers == 0:
     return iter(ds)
-  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=max(threads, 1), prefetch_buffer_size=prefetch))
+  # Grain runs no more reader threads than its buffer holds batches: at least one batch ahead per thread.
+  threads = max(threads, 1)
+  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(prefetch, threads)))
   if workers:
     it = it.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(num_workers=workers))
   return iter(it)

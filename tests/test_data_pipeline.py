@@ -2,6 +2,7 @@
 masked padding, exact continuation from any data position, packing that never crosses documents."""
 
 import functools
+import logging
 import os
 
 import jax
@@ -112,6 +113,19 @@ def test_resuming_at_any_step_yields_the_uninterrupted_batches(corpus, threads, 
     assert [t for t, _ in resumed] == list(range(k, steps))
     for (_, a), (_, b) in zip(resumed, straight[k:], strict=True):
       _assert_batches_equal(a, b)
+
+
+def test_reader_threads_beyond_the_prefetch_all_read(corpus, caplog):
+  """Grain runs no more reader threads than its buffer holds batches (and warns): the buffer grows to
+  one batch ahead per thread, and the batches stay the same and in order."""
+  source = ArrayRecordSource(corpus, "train", SEQ)
+  local = LocalBatches(source, BatchPlan(len(source), 4, seed=1), (0, 4), _lm(prepare.PAD_ID))
+  with caplog.at_level(logging.WARNING):
+    threaded = list(pipeline.local_batch_iterator(local, 0, 6, threads=4, prefetch=2))
+  assert not [r for r in caplog.records if "prefetch_buffer_size" in r.getMessage()]
+  assert [t for t, _ in threaded] == list(range(6))
+  for (_, a), (_, b) in zip(threaded, _iterate(local, 0, 6), strict=True):
+    _assert_batches_equal(a, b)
 
 
 def test_padding_tokens_are_never_targets(corpus):

@@ -154,7 +154,11 @@ KEYS = {
     program=False,
   ),
   "data.prefetch": Key(
-    2, whole(1), keys.FREE, "Batches prepared ahead of the one being trained on.", program=False
+    2,
+    whole(1),
+    keys.FREE,
+    "Batches prepared ahead of the one being trained on; with reader threads, at least one per thread.",
+    program=False,
   ),
   # The experiment adds its model's keys (sizes, ...).
   "model.compute_dtype": Key(
