@@ -8,14 +8,20 @@ import optax
 
 from errors import UserError
 
+SCHEDULES = ("cosine", "constant")
+
+
+def _check_schedule(opt) -> None:
+  if opt.schedule not in SCHEDULES:
+    raise UserError(f"optimizer.schedule={opt.schedule!r}: use 'cosine' or 'constant'")
+
 
 def learning_rate(opt, count, steps):
   """The rate of the update that completes step count + 1 of a run of `steps` steps (the first step
   already moves): linear warm-up from 0, then cosine decay to end_factor (or constant). Both may be
   traced: `steps` is an argument of the train step, not a constant in it, so a run with another
   `steps` (longer, or resumed with more) runs the programs compiled before."""
-  if opt.schedule not in ("cosine", "constant"):
-    raise UserError(f"optimizer.schedule={opt.schedule!r}: use 'cosine' or 'constant'")
+  _check_schedule(opt)
   t = jnp.asarray(count, jnp.float32) + 1
   steps = jnp.asarray(steps, jnp.float32)
   peak = opt.learning_rate
@@ -58,7 +64,7 @@ def make_optimizer(opt, logical_specs=None) -> optax.GradientTransformationExtra
   takes the run's length: `tx.update(grads, state, params, steps=S)`."""
   if opt.name != "adamw":
     raise UserError(f"optimizer.name={opt.name!r}: only 'adamw' is available")
-  learning_rate(opt, 0, 1)  # An unknown schedule is one error line here, not one inside the step.
+  _check_schedule(opt)  # An unknown schedule is one error line here, not one inside the step.
 
   def decay_mask(params):
     if logical_specs is None:

@@ -7,6 +7,7 @@ count once. No local mean is ever taken, so padding and empty shards do not move
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -174,7 +175,7 @@ def make_train_step(comp, microbatches: int, with_grads: bool = False):
     out_shardings=(comp.shardings, None),
     donate_argnums=0,
   )
-  return _StepsBound(jitted, jax.device_put(jnp.int32(comp.steps), NamedSharding(comp.mesh, P())))
+  return _StepsBound(jitted, jax.device_put(np.int32(comp.steps), NamedSharding(comp.mesh, P())))
 
 
 def make_eval_step(comp):
