@@ -52,24 +52,14 @@ def _boom(ctx) -> None:
     raise RuntimeError("a bug in the fork's hook")
 
 
-def _late_on_process_1(error_line, seconds: float):
-  """main.py's error line, found `seconds` late on process 1: process 0 must not leave the job first."""
+def _late_on_process_1(call, seconds: float):
+  """`call` (main.py's error line, os._exit), made `seconds` late on process 1: process 0 must not
+  leave the job first."""
 
   def late(*args):
     if jax.process_index() == 1:
       time.sleep(seconds)
-    return error_line(*args)
-
-  return late
-
-
-def _exit_late_on_process_1(exit, seconds: float):
-  """os._exit, S seconds late on process 1: process 0 must still be there when it comes."""
-
-  def late(code):
-    if jax.process_index() == 1:
-      time.sleep(seconds)
-    exit(code)
+    return call(*args)
 
   return late
 
@@ -78,7 +68,7 @@ if __name__ == "__main__":  # Importing it (the test does, for `probe`) changes 
   if late_s := float(os.environ.get("ERROR_LINE_LATE_S", 0)):
     failures.error_line = _late_on_process_1(failures.error_line, late_s)
   if late_s := float(os.environ.get("EXIT_LATE_S", 0)):
-    os._exit = _exit_late_on_process_1(os._exit, late_s)
+    os._exit = _late_on_process_1(os._exit, late_s)
   lm.EXPERIMENT = dataclasses.replace(
     lm.EXPERIMENT,
     evaluators=lambda config: [Evaluator("probe", lambda ctx: probe(ctx.model(), ctx.config.data.seq_len))],

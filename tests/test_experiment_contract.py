@@ -203,8 +203,7 @@ def test_a_variable_written_in_every_microbatch_keeps_every_write(tmp_path, monk
       model.seen.set_value(model.seen.get_value() + jnp.sum(batch["weights"]))
     return real_loss(model, batch, rng)
 
-  patch_experiment(monkeypatch, lm, build_model=build)
-  patch_experiment(monkeypatch, lm, loss_sums=counting)
+  patch_experiment(monkeypatch, lm, build_model=build, loss_sums=counting)
   summary = train(tiny_config(steps=2, microbatches=2, **{"checkpoint.every": 2}), str(tmp_path))
   run = load(str(tmp_path))
   assert "seen" in run.variables and "seen" not in run.params
